@@ -1,0 +1,65 @@
+//! Safetensors files through MLX's own loader (lazy: data is read when evaluated) and writer.
+//! Writes go to a temporary file in the same directory and are renamed into place, so an
+//! interrupted save never leaves a truncated checkpoint.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::array::{Array, List};
+use crate::error::{Error, Result};
+use crate::sys::ffi;
+
+/// Tensors of one file, by name, plus the header's `__metadata__`.
+#[derive(Debug, Default)]
+pub struct SafetensorsFile {
+    pub tensors: BTreeMap<String, Array>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Loads every tensor of a `.safetensors` file.
+pub fn load_safetensors(path: &Path) -> Result<SafetensorsFile> {
+    let err = |message: String| Error::Safetensors { path: path.to_path_buf(), message };
+    if !path.is_file() {
+        return Err(err("file not found".into()));
+    }
+    let p = path.to_str().ok_or_else(|| err("path is not valid UTF-8".into()))?;
+    let mut names = Vec::new();
+    let mut meta = Vec::new();
+    let list = ffi::load_safetensors(p, &mut names, &mut meta).map_err(|e| err(e.what().to_string()))?;
+    let arrays = List(list).into_vec("load_safetensors")?;
+    if arrays.len() != names.len() {
+        return Err(err("loader returned mismatched names and tensors".into()));
+    }
+    let tensors = names.into_iter().zip(arrays).collect();
+    let metadata = meta.chunks_exact(2).map(|kv| (kv[0].clone(), kv[1].clone())).collect();
+    Ok(SafetensorsFile { tensors, metadata })
+}
+
+/// Writes `tensors` (evaluating them) to `path` atomically.
+pub fn save_safetensors<'a>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = (&'a str, &'a Array)>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let err = |message: String| Error::Safetensors { path: path.to_path_buf(), message };
+    let (names, arrays): (Vec<String>, Vec<&Array>) = tensors.into_iter().map(|(n, a)| (n.to_string(), a)).unzip();
+    let list = List::new(arrays.iter().copied())?;
+    let meta: Vec<String> = metadata.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
+    let tmp = temp_sibling(path).map_err(|e| err(e.to_string()))?;
+    let tmp_str = tmp.to_str().ok_or_else(|| err("path is not valid UTF-8".into()))?;
+    if let Err(e) = ffi::save_safetensors(tmp_str, &names, list.raw(), &meta) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err(e.what().to_string()));
+    }
+    std::fs::rename(&tmp, path).map_err(|source| Error::Io { path: path.to_path_buf(), source })
+}
+
+/// `dir/.name.tmp-PID.safetensors` (MLX appends `.safetensors` to names without it).
+fn temp_sibling(path: &Path) -> std::io::Result<PathBuf> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    Ok(dir.join(format!(".{name}.tmp-{}.safetensors", std::process::id())))
+}

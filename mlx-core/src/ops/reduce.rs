@@ -1,0 +1,77 @@
+//! Reductions and normalisers over axes.
+
+use crate::array::Array;
+use crate::error::Result;
+use crate::sys::ffi;
+
+#[derive(Clone, Copy)]
+#[repr(i32)]
+enum Reduction {
+    Sum = 0,
+    Max = 1,
+    Min = 2,
+    Mean = 3,
+    LogSumExp = 4,
+    Prod = 5,
+}
+
+macro_rules! reduction {
+    ($($(#[$m:meta])* $name:ident => $op:ident),* $(,)?) => {
+        impl Array {
+            $(
+                $(#[$m])*
+                #[track_caller]
+                pub fn $name(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+                    Array::wrap(stringify!($name), ffi::reduce(Reduction::$op as i32, self.raw(), axes, keepdims))
+                }
+            )*
+        }
+    };
+}
+
+reduction! {
+    /// Sum over `axes`.
+    sum => Sum,
+    /// Maximum over `axes`.
+    max => Max,
+    /// Minimum over `axes`.
+    min => Min,
+    /// Mean over `axes`.
+    mean => Mean,
+    /// log Σ e^x over `axes`, computed stably by MLX.
+    logsumexp => LogSumExp,
+    /// Product over `axes`.
+    prod => Prod,
+}
+
+impl Array {
+    /// Index of the maximum along `axis` (first one on ties).
+    #[track_caller]
+    pub fn argmax(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        Array::wrap("argmax", ffi::argmax(self.raw(), axis, keepdims))
+    }
+
+    /// Index of the minimum along `axis`.
+    #[track_caller]
+    pub fn argmin(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        Array::wrap("argmin", ffi::argmin(self.raw(), axis, keepdims))
+    }
+
+    /// Softmax over `axes`; `precise` accumulates in f32 for half inputs.
+    #[track_caller]
+    pub fn softmax(&self, axes: &[i32], precise: bool) -> Result<Array> {
+        Array::wrap("softmax", ffi::softmax(self.raw(), axes, precise))
+    }
+
+    /// Cumulative sum along `axis`.
+    #[track_caller]
+    pub fn cumsum(&self, axis: i32, reverse: bool, inclusive: bool) -> Result<Array> {
+        Array::wrap("cumsum", ffi::cumsum(self.raw(), axis, reverse, inclusive))
+    }
+
+    /// Matrix product with broadcasting over leading axes.
+    #[track_caller]
+    pub fn matmul(&self, other: &Array) -> Result<Array> {
+        Array::wrap("matmul", ffi::matmul(self.raw(), other.raw()))
+    }
+}

@@ -1,0 +1,145 @@
+//! MLX affine quantization: groups of `group_size` consecutive input elements share a scale and
+//! a bias (dequantized value = scale·q + bias), packed into uint32 words, element 0 in the low bits.
+
+use crate::array::{Array, List};
+use crate::error::{Error, Result};
+use crate::sys::ffi;
+
+/// Bits per weight and group size of an affine quantization; invalid pairs cannot be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuantSpec {
+    bits: u8,
+    group_size: u16,
+}
+
+/// Bit widths MLX's affine mode supports.
+pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
+/// Group sizes MLX's affine mode supports.
+pub const SUPPORTED_GROUP_SIZES: [u32; 3] = [32, 64, 128];
+
+impl QuantSpec {
+    /// Validates `bits` ∈ {2,3,4,5,6,8} and `group_size` ∈ {32,64,128}.
+    pub fn new(bits: u32, group_size: u32) -> Result<QuantSpec> {
+        if !SUPPORTED_BITS.contains(&bits) {
+            return Err(Error::Host { op: "QuantSpec", detail: format!("bits {bits} unsupported, expected one of {SUPPORTED_BITS:?}") });
+        }
+        if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
+            return Err(Error::Host {
+                op: "QuantSpec",
+                detail: format!("group_size {group_size} unsupported, expected one of {SUPPORTED_GROUP_SIZES:?}"),
+            });
+        }
+        Ok(QuantSpec { bits: bits as u8, group_size: group_size as u16 })
+    }
+
+    /// Bits per weight.
+    pub fn bits(&self) -> u32 {
+        self.bits as u32
+    }
+
+    /// Elements per scale/bias group.
+    pub fn group_size(&self) -> u32 {
+        self.group_size as u32
+    }
+}
+
+/// A quantized matrix: packed `weight` uint32 [out, in·bits/32], `scales` and `biases`
+/// [out, in/group_size] in the source dtype.
+#[derive(Clone, Debug)]
+pub struct Quantized {
+    pub weight: Array,
+    pub scales: Array,
+    pub biases: Array,
+    pub spec: QuantSpec,
+}
+
+/// Quantizes `w` along its last axis.
+#[track_caller]
+pub fn quantize(w: &Array, spec: QuantSpec) -> Result<Quantized> {
+    let l = ffi::quantize(w.raw(), spec.group_size() as i32, spec.bits() as i32, "affine")
+        .map_err(|e| crate::error::mlx_err("quantize", e))?;
+    let mut v = List(l).into_vec("quantize")?.into_iter();
+    match (v.next(), v.next(), v.next()) {
+        (Some(weight), Some(scales), Some(biases)) => Ok(Quantized { weight, scales, biases, spec }),
+        _ => Err(Error::Host { op: "quantize", detail: "expected weight, scales and biases from MLX".into() }),
+    }
+}
+
+impl Quantized {
+    /// Back to a dense array in the scales' dtype.
+    #[track_caller]
+    pub fn dequantize(&self) -> Result<Array> {
+        dequantize(&self.weight, &self.scales, &self.biases, self.spec)
+    }
+
+    /// `x @ Wᵀ` for the quantized W [out, in] (an `nn.QuantizedLinear` forward).
+    #[track_caller]
+    pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        quantized_matmul(x, &self.weight, &self.scales, &self.biases, true, self.spec)
+    }
+
+    /// Rows `ids` of the table, dequantized (`QuantizedEmbedding`: gather, then dequantize).
+    #[track_caller]
+    pub fn gather_rows(&self, ids: &Array) -> Result<Array> {
+        let w = self.weight.take(ids, 0)?;
+        let s = self.scales.take(ids, 0)?;
+        let b = self.biases.take(ids, 0)?;
+        dequantize(&w, &s, &b, self.spec)
+    }
+}
+
+/// `mx.dequantize(w, scales, biases, group_size, bits)`.
+#[track_caller]
+pub fn dequantize(w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> Result<Array> {
+    let b = List::opt(Some(biases))?;
+    Array::wrap(
+        "dequantize",
+        ffi::dequantize(w.raw(), scales.raw(), b.raw(), spec.group_size() as i32, spec.bits() as i32, "affine"),
+    )
+}
+
+/// `mx.quantized_matmul(x, w, scales, biases, transpose, group_size, bits)`.
+#[track_caller]
+pub fn quantized_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, transpose: bool, spec: QuantSpec) -> Result<Array> {
+    let b = List::opt(Some(biases))?;
+    Array::wrap(
+        "quantized_matmul",
+        ffi::quantized_matmul(
+            x.raw(),
+            w.raw(),
+            scales.raw(),
+            b.raw(),
+            transpose,
+            spec.group_size() as i32,
+            spec.bits() as i32,
+            "affine",
+        ),
+    )
+}
+
+/// `mx.gather_qmm(x, w, scales, biases, rhs_indices=idx, transpose, ...)` for switch (MoE) layers.
+#[track_caller]
+pub fn gather_qmm(x: &Array, q: &Quantized, rhs_indices: &Array, transpose: bool, sorted_indices: bool) -> Result<Array> {
+    let b = List::opt(Some(&q.biases))?;
+    Array::wrap(
+        "gather_qmm",
+        ffi::gather_qmm(
+            x.raw(),
+            q.weight.raw(),
+            q.scales.raw(),
+            b.raw(),
+            rhs_indices.raw(),
+            transpose,
+            q.spec.group_size() as i32,
+            q.spec.bits() as i32,
+            "affine",
+            sorted_indices,
+        ),
+    )
+}
+
+/// `mx.gather_mm(a, b, rhs_indices=idx)` for dense switch layers.
+#[track_caller]
+pub fn gather_mm(a: &Array, b: &Array, rhs_indices: &Array, sorted_indices: bool) -> Result<Array> {
+    Array::wrap("gather_mm", ffi::gather_mm(a.raw(), b.raw(), rhs_indices.raw(), sorted_indices))
+}

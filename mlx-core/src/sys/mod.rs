@@ -1,0 +1,155 @@
+//! The raw bridge to MLX's C++ API. Private to mlx-core: nothing outside this crate can name a
+//! `UniquePtr` or a bridge type. Every function is declared `-> Result`, so a C++ exception
+//! becomes a `cxx::Exception` (never an abort); `crate::error` turns it into `Error::Mlx`.
+
+#[cxx::bridge(namespace = "mlxr")]
+pub(crate) mod ffi {
+    unsafe extern "C++" {
+        include!("mlx-core/src/sys/shim.h");
+
+        type Array;
+        type ArrayList;
+
+        fn clone_array(a: &Array) -> Result<UniquePtr<Array>>;
+        fn shape(a: &Array) -> Result<Vec<i32>>;
+        fn dtype(a: &Array) -> Result<i32>;
+        fn nbytes(a: &Array) -> Result<usize>;
+        fn describe(a: &Array) -> Result<String>;
+        fn mlx_version() -> Result<String>;
+
+        fn from_bytes(data: &[u8], shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
+        fn scalar_f64(v: f64, dtype: i32) -> Result<UniquePtr<Array>>;
+        fn full(shape: &[i32], v: f64, dtype: i32) -> Result<UniquePtr<Array>>;
+        fn arange(start: f64, stop: f64, step: f64, dtype: i32) -> Result<UniquePtr<Array>>;
+        fn to_bytes(a: &Array) -> Result<Vec<u8>>;
+        fn eval(l: &ArrayList) -> Result<()>;
+        fn async_eval(l: &ArrayList) -> Result<()>;
+        fn synchronize() -> Result<()>;
+
+        fn new_list() -> Result<UniquePtr<ArrayList>>;
+        fn list_push(l: Pin<&mut ArrayList>, a: &Array) -> Result<()>;
+        fn list_len(l: &ArrayList) -> Result<usize>;
+        fn list_get(l: &ArrayList, i: usize) -> Result<UniquePtr<Array>>;
+
+        fn unary(op: i32, a: &Array) -> Result<UniquePtr<Array>>;
+        fn binary(op: i32, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
+        fn where_(cond: &Array, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
+        fn astype(a: &Array, dtype: i32) -> Result<UniquePtr<Array>>;
+        fn view(a: &Array, dtype: i32) -> Result<UniquePtr<Array>>;
+
+        fn reshape(a: &Array, shape: &[i32]) -> Result<UniquePtr<Array>>;
+        fn transpose(a: &Array, axes: &[i32]) -> Result<UniquePtr<Array>>;
+        fn expand_dims(a: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn squeeze(a: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn broadcast_to(a: &Array, shape: &[i32]) -> Result<UniquePtr<Array>>;
+        fn slice(a: &Array, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<UniquePtr<Array>>;
+        fn slice_update(
+            src: &Array,
+            update: &Array,
+            start: &[i32],
+            stop: &[i32],
+            strides: &[i32],
+        ) -> Result<UniquePtr<Array>>;
+        fn concatenate(l: &ArrayList, axis: i32) -> Result<UniquePtr<Array>>;
+        fn contiguous(a: &Array) -> Result<UniquePtr<Array>>;
+
+        fn take(a: &Array, indices: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn take_along_axis(a: &Array, indices: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn put_along_axis(a: &Array, indices: &Array, values: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn argpartition(a: &Array, kth: i32, axis: i32) -> Result<UniquePtr<Array>>;
+        fn sort(a: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+        fn argsort(a: &Array, axis: i32) -> Result<UniquePtr<Array>>;
+
+        fn reduce(op: i32, a: &Array, axes: &[i32], keepdims: bool) -> Result<UniquePtr<Array>>;
+        fn argmax(a: &Array, axis: i32, keepdims: bool) -> Result<UniquePtr<Array>>;
+        fn argmin(a: &Array, axis: i32, keepdims: bool) -> Result<UniquePtr<Array>>;
+        fn softmax(a: &Array, axes: &[i32], precise: bool) -> Result<UniquePtr<Array>>;
+        fn cumsum(a: &Array, axis: i32, reverse: bool, inclusive: bool) -> Result<UniquePtr<Array>>;
+
+        fn matmul(a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
+
+        fn rms_norm(x: &Array, weight: &ArrayList, eps: f32) -> Result<UniquePtr<Array>>;
+        fn rope(
+            x: &Array,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            scale: f32,
+            offset: &Array,
+            freqs: &ArrayList,
+        ) -> Result<UniquePtr<Array>>;
+        fn sdpa(
+            q: &Array,
+            k: &Array,
+            v: &Array,
+            scale: f32,
+            mask_mode: &str,
+            mask: &ArrayList,
+        ) -> Result<UniquePtr<Array>>;
+
+        fn quantize(w: &Array, group_size: i32, bits: i32, mode: &str) -> Result<UniquePtr<ArrayList>>;
+        fn dequantize(
+            w: &Array,
+            scales: &Array,
+            biases: &ArrayList,
+            group_size: i32,
+            bits: i32,
+            mode: &str,
+        ) -> Result<UniquePtr<Array>>;
+        #[allow(clippy::too_many_arguments)]
+        fn quantized_matmul(
+            x: &Array,
+            w: &Array,
+            scales: &Array,
+            biases: &ArrayList,
+            transpose: bool,
+            group_size: i32,
+            bits: i32,
+            mode: &str,
+        ) -> Result<UniquePtr<Array>>;
+        #[allow(clippy::too_many_arguments)]
+        fn gather_qmm(
+            x: &Array,
+            w: &Array,
+            scales: &Array,
+            biases: &ArrayList,
+            rhs_indices: &Array,
+            transpose: bool,
+            group_size: i32,
+            bits: i32,
+            mode: &str,
+            sorted_indices: bool,
+        ) -> Result<UniquePtr<Array>>;
+        fn gather_mm(a: &Array, b: &Array, rhs_indices: &Array, sorted_indices: bool) -> Result<UniquePtr<Array>>;
+
+        fn random_key(seed: u64) -> Result<UniquePtr<Array>>;
+        fn random_split(key: &Array, num: i32) -> Result<UniquePtr<ArrayList>>;
+        fn random_uniform(
+            low: &Array,
+            high: &Array,
+            shape: &[i32],
+            dtype: i32,
+            key: &Array,
+        ) -> Result<UniquePtr<Array>>;
+        fn random_normal(shape: &[i32], dtype: i32, loc: f32, scale: f32, key: &Array) -> Result<UniquePtr<Array>>;
+        fn random_categorical(logits: &Array, axis: i32, key: &Array) -> Result<UniquePtr<Array>>;
+
+        fn load_safetensors(
+            path: &str,
+            names: &mut Vec<String>,
+            metadata: &mut Vec<String>,
+        ) -> Result<UniquePtr<ArrayList>>;
+        fn save_safetensors(path: &str, names: &[String], arrays: &ArrayList, metadata: &[String]) -> Result<()>;
+
+        fn set_default_device(kind: i32) -> Result<()>;
+        fn default_device() -> Result<i32>;
+        fn device_available(kind: i32) -> Result<bool>;
+    }
+}
+
+// SAFETY: an MLX array is an immutable, atomically refcounted handle; moving the owning
+// pointer to another thread is sound. It is not `Sync`: concurrent `eval` of one graph from
+// two threads is not something MLX promises to support.
+unsafe impl Send for ffi::Array {}
+// SAFETY: as above; the list only holds array handles.
+unsafe impl Send for ffi::ArrayList {}

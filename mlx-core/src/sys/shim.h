@@ -1,0 +1,130 @@
+// C++ side of the mlx-core bridge. Every function may throw; the bridge declares all of them
+// `-> Result`, so cxx turns exceptions into Rust errors instead of aborting.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "mlx/mlx.h"
+#include "rust/cxx.h"
+
+namespace mlxr {
+
+// An owned handle to an MLX array (MLX arrays are themselves refcounted handles).
+struct Array {
+  mlx::core::array inner;
+  explicit Array(mlx::core::array a) : inner(std::move(a)) {}
+};
+
+// A list of arrays, used for variadic arguments (concatenate, eval) and multi-output ops.
+struct ArrayList {
+  std::vector<mlx::core::array> items;
+};
+
+using ArrayPtr = std::unique_ptr<Array>;
+
+// ---- handles and metadata ----
+ArrayPtr clone_array(const Array& a);
+rust::Vec<int32_t> shape(const Array& a);
+int32_t dtype(const Array& a);
+size_t nbytes(const Array& a);
+rust::String describe(const Array& a);
+rust::String mlx_version();
+
+// ---- construction and readback ----
+ArrayPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, int32_t dtype);
+ArrayPtr scalar_f64(double v, int32_t dtype);
+ArrayPtr full(rust::Slice<const int32_t> shape, double v, int32_t dtype);
+ArrayPtr arange(double start, double stop, double step, int32_t dtype);
+rust::Vec<uint8_t> to_bytes(const Array& a);
+void eval(const ArrayList& l);
+void async_eval(const ArrayList& l);
+void synchronize();
+
+// ---- lists ----
+std::unique_ptr<ArrayList> new_list();
+void list_push(ArrayList& l, const Array& a);
+size_t list_len(const ArrayList& l);
+ArrayPtr list_get(const ArrayList& l, size_t i);
+
+// ---- elementwise ----
+ArrayPtr unary(int32_t op, const Array& a);
+ArrayPtr binary(int32_t op, const Array& a, const Array& b);
+ArrayPtr where_(const Array& cond, const Array& a, const Array& b);
+ArrayPtr astype(const Array& a, int32_t dtype);
+ArrayPtr view(const Array& a, int32_t dtype);
+
+// ---- shapes ----
+ArrayPtr reshape(const Array& a, rust::Slice<const int32_t> shape);
+ArrayPtr transpose(const Array& a, rust::Slice<const int32_t> axes);
+ArrayPtr expand_dims(const Array& a, int32_t axis);
+ArrayPtr squeeze(const Array& a, int32_t axis);
+ArrayPtr broadcast_to(const Array& a, rust::Slice<const int32_t> shape);
+ArrayPtr slice(const Array& a, rust::Slice<const int32_t> start, rust::Slice<const int32_t> stop,
+               rust::Slice<const int32_t> strides);
+ArrayPtr slice_update(const Array& src, const Array& update, rust::Slice<const int32_t> start,
+                      rust::Slice<const int32_t> stop, rust::Slice<const int32_t> strides);
+ArrayPtr concatenate(const ArrayList& l, int32_t axis);
+ArrayPtr contiguous(const Array& a);
+
+// ---- indexing / ordering ----
+ArrayPtr take(const Array& a, const Array& indices, int32_t axis);
+ArrayPtr take_along_axis(const Array& a, const Array& indices, int32_t axis);
+ArrayPtr put_along_axis(const Array& a, const Array& indices, const Array& values, int32_t axis);
+ArrayPtr argpartition(const Array& a, int32_t kth, int32_t axis);
+ArrayPtr sort(const Array& a, int32_t axis);
+ArrayPtr argsort(const Array& a, int32_t axis);
+
+// ---- reductions ----
+// op: 0 sum, 1 max, 2 min, 3 mean, 4 logsumexp, 5 prod
+ArrayPtr reduce(int32_t op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims);
+ArrayPtr argmax(const Array& a, int32_t axis, bool keepdims);
+ArrayPtr argmin(const Array& a, int32_t axis, bool keepdims);
+ArrayPtr softmax(const Array& a, rust::Slice<const int32_t> axes, bool precise);
+ArrayPtr cumsum(const Array& a, int32_t axis, bool reverse, bool inclusive);
+
+// ---- linear algebra ----
+ArrayPtr matmul(const Array& a, const Array& b);
+
+// ---- fast ----
+// `weight` holds zero or one array: MLX's optional weight.
+ArrayPtr rms_norm(const Array& x, const ArrayList& weight, float eps);
+// `base` is used when `freqs` is empty.
+ArrayPtr rope(const Array& x, int32_t dims, bool traditional, float base, float scale,
+              const Array& offset, const ArrayList& freqs);
+ArrayPtr sdpa(const Array& q, const Array& k, const Array& v, float scale, rust::Str mask_mode,
+              const ArrayList& mask);
+
+// ---- quantization ----
+std::unique_ptr<ArrayList> quantize(const Array& w, int32_t group_size, int32_t bits, rust::Str mode);
+ArrayPtr dequantize(const Array& w, const Array& scales, const ArrayList& biases, int32_t group_size,
+                    int32_t bits, rust::Str mode);
+ArrayPtr quantized_matmul(const Array& x, const Array& w, const Array& scales,
+                          const ArrayList& biases, bool transpose, int32_t group_size,
+                          int32_t bits, rust::Str mode);
+ArrayPtr gather_qmm(const Array& x, const Array& w, const Array& scales, const ArrayList& biases,
+                    const Array& rhs_indices, bool transpose, int32_t group_size, int32_t bits,
+                    rust::Str mode, bool sorted_indices);
+ArrayPtr gather_mm(const Array& a, const Array& b, const Array& rhs_indices, bool sorted_indices);
+
+// ---- random ----
+ArrayPtr random_key(uint64_t seed);
+std::unique_ptr<ArrayList> random_split(const Array& key, int32_t num);
+ArrayPtr random_uniform(const Array& low, const Array& high, rust::Slice<const int32_t> shape,
+                        int32_t dtype, const Array& key);
+ArrayPtr random_normal(rust::Slice<const int32_t> shape, int32_t dtype, float loc, float scale,
+                       const Array& key);
+ArrayPtr random_categorical(const Array& logits, int32_t axis, const Array& key);
+
+// ---- io ----
+std::unique_ptr<ArrayList> load_safetensors(rust::Str path, rust::Vec<rust::String>& names,
+                                            rust::Vec<rust::String>& metadata);
+void save_safetensors(rust::Str path, rust::Slice<const rust::String> names, const ArrayList& arrays,
+                      rust::Slice<const rust::String> metadata);
+
+// ---- device ----
+void set_default_device(int32_t kind);
+int32_t default_device();
+bool device_available(int32_t kind);
+
+}  // namespace mlxr

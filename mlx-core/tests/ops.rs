@@ -1,0 +1,339 @@
+//! Each op against values computed by hand (or by a closed form in f64).
+
+use mlx_core::fast::{self, Mask, RopeFreqs};
+use mlx_core::quant::{self, QuantSpec};
+use mlx_core::{concatenate, gelu_approx, random, where_, Array, Dtype, Error};
+
+type R = Result<(), Error>;
+
+fn f32s(a: &Array) -> Vec<f32> {
+    a.to_f32_vec().unwrap()
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len(), "lengths differ: {a:?} vs {b:?}");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol, "element {i}: {x} vs {y} (tol {tol}); {a:?} vs {b:?}");
+    }
+}
+
+fn arr(v: &[f32], shape: &[i32]) -> Array {
+    Array::from_slice(v, shape).unwrap()
+}
+
+#[test]
+fn arithmetic_and_broadcast() -> R {
+    let a = arr(&[1., 2., 3., 4.], &[2, 2]);
+    let b = arr(&[10., 20.], &[2]);
+    assert_eq!(a.add(&b)?.to_vec::<f32>()?, vec![11., 22., 13., 24.]);
+    assert_eq!(a.subtract(&b)?.to_vec::<f32>()?, vec![-9., -18., -7., -16.]);
+    assert_eq!(a.multiply(&b)?.to_vec::<f32>()?, vec![10., 40., 30., 80.]);
+    assert_eq!(a.divide(&b)?.to_vec::<f32>()?, vec![0.1, 0.1, 0.3, 0.2]);
+    assert_eq!(a.maximum_scalar(2.5)?.to_vec::<f32>()?, vec![2.5, 2.5, 3., 4.]);
+    assert_eq!(a.rsub_scalar(1.0)?.to_vec::<f32>()?, vec![0., -1., -2., -3.]);
+    assert_eq!(a.power_scalar(3.0)?.to_vec::<f32>()?, vec![1., 8., 27., 64.]);
+    assert_eq!(a.greater_scalar(2.0)?.to_vec::<bool>()?, vec![false, false, true, true]);
+    let w = where_(&a.greater_scalar(2.0)?, &a, &Array::scalar(0.0, Dtype::F32)?)?;
+    assert_eq!(w.to_vec::<f32>()?, vec![0., 0., 3., 4.]);
+    Ok(())
+}
+
+#[test]
+fn scalars_take_the_array_dtype() -> R {
+    // gemma4.md §0: sqrt(1536) multiplies a bf16 array as bf16(39.19) = 39.25, result stays bf16.
+    let x = Array::ones(&[3], Dtype::Bf16)?;
+    let y = x.mul_scalar(1536f64.sqrt())?;
+    assert_eq!(y.dtype(), Dtype::Bf16);
+    assert_eq!(f32s(&y), vec![39.25; 3]);
+    assert_eq!(f32s(&Array::scalar(0.5f64.sqrt(), Dtype::Bf16)?), vec![0.707_031_25]); // bf16 round-to-nearest of 0.70711 (gemma4.md §3.0 lists 0.703125, which MLX does not produce)
+    assert_eq!(f32s(&Array::scalar(2560f64.sqrt(), Dtype::Bf16)?), vec![50.5]);
+    // An f32 array operand promotes instead.
+    let z = x.multiply(&Array::scalar(2.0, Dtype::F32)?)?;
+    assert_eq!(z.dtype(), Dtype::F32);
+    Ok(())
+}
+
+#[test]
+fn unary_functions() -> R {
+    let x = arr(&[-1.0, 0.0, 0.5, 2.0], &[4]);
+    let want = |f: fn(f64) -> f64| [-1.0f64, 0.0, 0.5, 2.0].iter().map(|&v| f(v) as f32).collect::<Vec<_>>();
+    close(&f32s(&x.tanh()?), &want(f64::tanh), 1e-6);
+    close(&f32s(&x.sigmoid()?), &want(|v| 1.0 / (1.0 + (-v).exp())), 1e-6);
+    close(&f32s(&x.exp()?), &want(f64::exp), 1e-5);
+    close(&f32s(&x.abs()?.add_scalar(1.0)?.log()?), &want(|v| (v.abs() + 1.0).ln()), 1e-6);
+    close(&f32s(&x.abs()?.sqrt()?), &want(|v| v.abs().sqrt()), 1e-6);
+    let g = |v: f64| 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh());
+    close(&f32s(&gelu_approx(&x)?), &want(g), 1e-6);
+    Ok(())
+}
+
+#[test]
+fn matmul_and_shapes() -> R {
+    let a = Array::arange(0.0, 6.0, 1.0, Dtype::F32)?.reshape(&[2, 3])?;
+    let b = Array::arange(0.0, 6.0, 1.0, Dtype::F32)?.reshape(&[3, 2])?;
+    // [[0,1,2],[3,4,5]] @ [[0,1],[2,3],[4,5]] = [[10,13],[28,40]]
+    assert_eq!(a.matmul(&b)?.to_vec::<f32>()?, vec![10., 13., 28., 40.]);
+    assert_eq!(a.transpose(&[1, 0])?.to_vec::<f32>()?, vec![0., 3., 1., 4., 2., 5.]);
+    assert_eq!(a.swapaxes(0, 1)?.shape(), vec![3, 2]);
+    assert_eq!(a.slice(&[0, 1], &[2, 3], &[1, 1])?.to_vec::<f32>()?, vec![1., 2., 4., 5.]);
+    assert_eq!(a.slice_axis(1, -1, 3)?.to_vec::<f32>()?, vec![2., 5.]);
+    let c = concatenate(&[&a, &a.mul_scalar(10.0)?], 0)?;
+    assert_eq!(c.shape(), vec![4, 3]);
+    assert_eq!(c.to_vec::<f32>()?[6..], [0., 10., 20., 30., 40., 50.]);
+    assert_eq!(a.expand_dims(0)?.shape(), vec![1, 2, 3]);
+    assert_eq!(a.expand_dims(0)?.squeeze(0)?.shape(), vec![2, 3]);
+    assert_eq!(arr(&[1., 2.], &[2, 1]).broadcast_to(&[2, 3])?.to_vec::<f32>()?, vec![1., 1., 1., 2., 2., 2.]);
+    let upd = a.slice_update(&Array::full(&[1, 2], 9.0, Dtype::F32)?, &[1, 0], &[2, 2], &[1, 1])?;
+    assert_eq!(upd.to_vec::<f32>()?, vec![0., 1., 2., 9., 9., 5.]);
+    Ok(())
+}
+
+#[test]
+fn gathers_and_orderings() -> R {
+    let table = Array::arange(0.0, 12.0, 1.0, Dtype::F32)?.reshape(&[4, 3])?;
+    let ids = Array::from_slice(&[3u32, 0, 3], &[3])?;
+    assert_eq!(table.take(&ids, 0)?.to_vec::<f32>()?, vec![9., 10., 11., 0., 1., 2., 9., 10., 11.]);
+    let idx = Array::from_slice(&[2i32, 0, 1, 1], &[4, 1])?;
+    assert_eq!(table.take_along_axis(&idx, 1)?.to_vec::<f32>()?, vec![2., 3., 7., 10.]);
+    let x = arr(&[3., 1., 2., 5., 4.], &[5]);
+    assert_eq!(x.sort(0)?.to_vec::<f32>()?, vec![1., 2., 3., 4., 5.]);
+    assert_eq!(x.argsort(0)?.to_vec::<u32>()?, vec![1, 2, 0, 4, 3]);
+    let part = x.argpartition(2, 0)?.to_vec::<u32>()?;
+    let vals = [3., 1., 2., 5., 4.];
+    assert!(part[..2].iter().all(|&i| vals[i as usize] <= 3.0) && vals[part[2] as usize] == 3.0);
+    let put = x.put_along_axis(&Array::from_slice(&[0i32], &[1])?, &arr(&[-1.], &[1]), 0)?;
+    assert_eq!(put.to_vec::<f32>()?, vec![-1., 1., 2., 5., 4.]);
+    Ok(())
+}
+
+#[test]
+fn reductions_and_normalisers() -> R {
+    let a = arr(&[1., 2., 3., 4., 0., -1.], &[2, 3]);
+    assert_eq!(a.sum(&[1], false)?.to_vec::<f32>()?, vec![6., 3.]);
+    assert_eq!(a.max(&[0], false)?.to_vec::<f32>()?, vec![4., 2., 3.]);
+    assert_eq!(a.min(&[1], true)?.shape(), vec![2, 1]);
+    assert_eq!(a.mean(&[0, 1], false)?.item::<f32>()?, 1.5);
+    assert_eq!(a.argmax(1, false)?.to_vec::<u32>()?, vec![2, 0]);
+    // argmax takes the first maximum on ties.
+    assert_eq!(arr(&[1., 5., 5.], &[3]).argmax(0, false)?.item::<u32>()?, 1);
+    let lse = (1f64.exp() + 2f64.exp() + 3f64.exp()).ln() as f32;
+    close(&f32s(&a.logsumexp(&[1], false)?)[..1], &[lse], 1e-6);
+    let sm = f32s(&arr(&[0., 1f32.ln(), 2f32.ln()], &[3]).softmax(&[0], false)?);
+    close(&sm, &[0.25, 0.25, 0.5], 1e-6);
+    assert_eq!(arr(&[1., 2., 3.], &[3]).cumsum(0, false, true)?.to_vec::<f32>()?, vec![1., 3., 6.]);
+    assert_eq!(arr(&[1., 2., 3.], &[3]).cumsum(0, true, false)?.to_vec::<f32>()?, vec![5., 3., 0.]);
+    Ok(())
+}
+
+#[test]
+fn rms_norm_matches_formula() -> R {
+    let x = arr(&[1., 2., 3., 4.], &[1, 4]);
+    let w = arr(&[1., 0.5, 2., 1.], &[4]);
+    let rms = ((1. + 4. + 9. + 16.) / 4.0f64 + 1e-6).sqrt();
+    let want: Vec<f32> = [1., 2. * 0.5, 3. * 2., 4.].iter().map(|v| (v / rms) as f32).collect();
+    close(&f32s(&fast::rms_norm(&x, Some(&w), 1e-6)?), &want, 1e-6);
+    let plain: Vec<f32> = [1., 2., 3., 4.].iter().map(|v| (v / rms) as f32).collect();
+    close(&f32s(&fast::rms_norm(&x, None, 1e-6)?), &plain, 1e-6);
+    Ok(())
+}
+
+#[test]
+fn rope_rotates_half_split_pairs() -> R {
+    // Non-traditional RoPE pairs (j, j + D/2); angle = pos * base^(-2j/D).
+    let d = 4;
+    let x = arr(&[1., 2., 3., 4.], &[1, 1, 1, d]);
+    let pos = 3;
+    let got = f32s(&fast::rope(&x, d, false, RopeFreqs::Base(10000.0), 1.0, pos)?);
+    let mut want = [0f32; 4];
+    for j in 0..2 {
+        let theta = pos as f64 * 10000f64.powf(-2.0 * j as f64 / d as f64);
+        let (a, b) = ([1., 2., 3., 4.][j], [1., 2., 3., 4.][j + 2]);
+        want[j] = (a * theta.cos() - b * theta.sin()) as f32;
+        want[j + 2] = (a * theta.sin() + b * theta.cos()) as f32;
+    }
+    close(&got, &want, 1e-5);
+    // Explicit wavelengths: an infinite frequency leaves its pair unrotated.
+    let freqs = arr(&[1.0, f32::INFINITY], &[2]);
+    let got = f32s(&fast::rope(&x, d, false, RopeFreqs::Explicit(&freqs), 1.0, pos)?);
+    let t = pos as f64;
+    close(&got[..], &[(1. * t.cos() - 3. * t.sin()) as f32, 2., (1. * t.sin() + 3. * t.cos()) as f32, 4.], 1e-5);
+    Ok(())
+}
+
+/// softmax(q·kᵀ·scale + mask) v in f64, one head.
+fn attention_ref(q: &[f32], k: &[f32], v: &[f32], l: usize, s: usize, d: usize, allow: impl Fn(usize, usize) -> bool) -> Vec<f32> {
+    let mut out = vec![0f32; l * d];
+    for i in 0..l {
+        let scores: Vec<f64> = (0..s)
+            .map(|j| if allow(i, j) { (0..d).map(|t| q[i * d + t] as f64 * k[j * d + t] as f64).sum() } else { f64::NEG_INFINITY })
+            .collect();
+        let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        for t in 0..d {
+            out[i * d + t] = (0..s).map(|j| e[j] / z * v[j * d + t] as f64).sum::<f64>() as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn sdpa_masks() -> R {
+    let (l, s, d) = (2usize, 3usize, 2usize);
+    let q: Vec<f32> = (0..l * d).map(|i| (i as f32 * 0.3).sin()).collect();
+    let k: Vec<f32> = (0..s * d).map(|i| (i as f32 * 0.7).cos()).collect();
+    let v: Vec<f32> = (0..s * d).map(|i| i as f32 * 0.1).collect();
+    let (qa, ka, va) = (arr(&q, &[1, 1, l as i32, d as i32]), arr(&k, &[1, 1, s as i32, d as i32]), arr(&v, &[1, 1, s as i32, d as i32]));
+    let none = fast::scaled_dot_product_attention(&qa, &ka, &va, 1.0, Mask::None)?;
+    close(&f32s(&none), &attention_ref(&q, &k, &v, l, s, d, |_, _| true), 1e-5);
+    // "causal" is bottom-right aligned: query i sees keys j <= i + (s - l).
+    let causal = fast::scaled_dot_product_attention(&qa, &ka, &va, 1.0, Mask::Causal)?;
+    let want = attention_ref(&q, &k, &v, l, s, d, |i, j| j <= i + (s - l));
+    close(&f32s(&causal), &want, 1e-5);
+    let allow = |i: usize, j: usize| j != 1 || i == 1;
+    let bools: Vec<bool> = (0..l * s).map(|x| allow(x / s, x % s)).collect();
+    let bmask = Array::from_slice(&bools, &[l as i32, s as i32])?;
+    let got = fast::scaled_dot_product_attention(&qa, &ka, &va, 1.0, Mask::Array(&bmask))?;
+    close(&f32s(&got), &attention_ref(&q, &k, &v, l, s, d, allow), 1e-5);
+    let add: Vec<f32> = bools.iter().map(|&b| if b { 0.0 } else { f32::NEG_INFINITY }).collect();
+    let amask = arr(&add, &[l as i32, s as i32]);
+    let got = fast::scaled_dot_product_attention(&qa, &ka, &va, 1.0, Mask::Array(&amask))?;
+    close(&f32s(&got), &attention_ref(&q, &k, &v, l, s, d, allow), 1e-5);
+    Ok(())
+}
+
+#[test]
+fn quantize_round_trip_and_matmul() -> R {
+    for (bits, gs) in [(4u32, 32u32), (4, 64), (8, 64), (8, 128), (4, 128)] {
+        let spec = QuantSpec::new(bits, gs)?;
+        let n = 256;
+        let w: Vec<f32> = (0..2 * n).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+        let wa = arr(&w, &[2, n as i32]);
+        let q = quant::quantize(&wa, spec)?;
+        assert_eq!(q.weight.dtype(), Dtype::U32);
+        assert_eq!(q.weight.shape(), vec![2, (n as u32 * bits / 32) as i32]);
+        assert_eq!(q.scales.shape(), vec![2, (n as u32 / gs) as i32]);
+        let deq = f32s(&q.dequantize()?);
+        // Affine error bound: one quantization step per group. (MLX snaps the scale so the
+        // group's larger-magnitude edge is exact, which can stretch the error past half a step.)
+        let scales = f32s(&q.scales);
+        for (i, (a, b)) in w.iter().zip(&deq).enumerate() {
+            let s = scales[i / gs as usize];
+            assert!((a - b).abs() <= s.abs() + 1e-6, "bits {bits} gs {gs} elem {i}: {a} vs {b} (scale {s})");
+        }
+        let x = arr(&(0..n).map(|i| (i as f32 * 0.01).cos()).collect::<Vec<_>>(), &[1, n as i32]);
+        let y = f32s(&q.matmul_t(&x)?);
+        let xv = f32s(&x);
+        for r in 0..2 {
+            let want: f32 = (0..n).map(|c| xv[c] * deq[r * n + c]).sum();
+            assert!((y[r] - want).abs() < 1e-3, "qmm row {r}: {} vs {want}", y[r]);
+        }
+        let rows = q.gather_rows(&Array::from_slice(&[1u32], &[1])?)?;
+        assert_eq!(f32s(&rows), deq[n..].to_vec());
+    }
+    assert!(QuantSpec::new(7, 64).is_err());
+    assert!(QuantSpec::new(4, 48).is_err());
+    Ok(())
+}
+
+#[test]
+fn quantized_nibbles_are_little_endian() -> R {
+    // A linear ramp 0..31 over one group of 32 at 4 bits: word 0 holds elements 0..7, element 0
+    // in the lowest nibble (gemma4.md §4.5).
+    let w = Array::arange(0.0, 32.0, 1.0, Dtype::F32)?.reshape(&[1, 32])?;
+    let q = quant::quantize(&w, QuantSpec::new(4, 32)?)?;
+    let words = q.weight.to_vec::<u32>()?;
+    let scale = q.scales.item::<f32>()?;
+    let bias = q.biases.item::<f32>()?;
+    let nibble = |k: usize| (words[k / 8] >> (4 * (k % 8))) & 0xf;
+    for k in 0..32 {
+        let v = scale * nibble(k) as f32 + bias;
+        assert!((v - k as f32).abs() <= scale.abs() + 1e-5, "element {k}: {v}");
+    }
+    // Monotone codes along the ramp, in the direction of the scale's sign.
+    let codes: Vec<u32> = (0..32).map(nibble).collect();
+    assert!(codes.windows(2).all(|w| if scale > 0.0 { w[0] <= w[1] } else { w[0] >= w[1] }), "{codes:?}");
+    assert_ne!(codes[0], codes[31]);
+    Ok(())
+}
+
+#[test]
+fn random_is_deterministic_per_key() -> R {
+    let k = random::key(42)?;
+    let a = random::uniform(0.0, 1.0, &[1000], Dtype::F32, &k)?.to_vec::<f32>()?;
+    let b = random::uniform(0.0, 1.0, &[1000], Dtype::F32, &k)?.to_vec::<f32>()?;
+    assert_eq!(a, b);
+    assert!(a.iter().all(|&x| (0.0..1.0).contains(&x)));
+    let mean = a.iter().sum::<f32>() / 1000.0;
+    assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
+    let (k1, k2) = random::split(&k)?;
+    assert_ne!(k1.to_vec::<u32>()?, k2.to_vec::<u32>()?);
+    let mut chain = random::KeyChain::new(42)?;
+    assert_eq!(chain.next_key()?.to_vec::<u32>()?, k2.to_vec::<u32>()?);
+    // Categorical over near-certain logits.
+    let logits = arr(&[-100., 10., -100.], &[1, 3]);
+    let keys = random::split_n(&k, 20)?;
+    for key in keys {
+        assert_eq!(random::categorical(&logits, -1, &key)?.item::<u32>()?, 1);
+    }
+    // And frequencies follow the probabilities.
+    let logits = arr(&[0.0, 3f32.ln()], &[1, 2]).broadcast_to(&[4000, 2])?;
+    let draws = random::categorical(&logits, -1, &random::key(7)?)?.to_vec::<u32>()?;
+    let ones = draws.iter().filter(|&&d| d == 1).count() as f32 / 4000.0;
+    assert!((ones - 0.75).abs() < 0.03, "P(1) = {ones}");
+    Ok(())
+}
+
+#[test]
+fn safetensors_round_trip_is_exact_for_bf16() -> R {
+    let dir = std::env::temp_dir().join(format!("mlx-core-io-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.safetensors");
+    let bits: Vec<u16> = (0..64u16).map(|i| i.wrapping_mul(2654).wrapping_add(0x3f00)).collect();
+    let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let a = Array::from_bytes(&bytes, &[8, 8], Dtype::Bf16)?;
+    let i = Array::from_slice(&[1u32, 2, 3], &[3])?;
+    let meta = [("format".to_string(), "mlx".to_string())].into_iter().collect();
+    mlx_core::save_safetensors(&path, [("a", &a), ("ids", &i)], &meta)?;
+    let f = mlx_core::load_safetensors(&path)?;
+    assert_eq!(f.tensors["a"].dtype(), Dtype::Bf16);
+    assert_eq!(f.tensors["a"].to_bytes()?, bytes);
+    assert_eq!(f.tensors["ids"].to_vec::<u32>()?, vec![1, 2, 3]);
+    assert_eq!(f.metadata.get("format").map(String::as_str), Some("mlx"));
+    // No temporary files are left behind.
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let missing = mlx_core::load_safetensors(&dir.join("nope.safetensors")).unwrap_err();
+    assert!(missing.to_string().contains("nope.safetensors"), "{missing}");
+    std::fs::write(dir.join("bad.safetensors"), b"not a safetensors file").unwrap();
+    let bad = mlx_core::load_safetensors(&dir.join("bad.safetensors")).unwrap_err();
+    assert!(bad.to_string().contains("bad.safetensors"), "{bad}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    Ok(())
+}
+
+#[test]
+fn mlx_exceptions_become_errors_naming_the_op() {
+    let a = Array::zeros(&[2, 3], Dtype::F32).unwrap();
+    let b = Array::zeros(&[4, 5], Dtype::F32).unwrap();
+    let e = a.matmul(&b).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Mlx { op: "matmul", .. }), "{msg}");
+    assert!(msg.contains("ops.rs"), "location should point at the caller: {msg}");
+    let e = a.reshape(&[7]).unwrap_err();
+    assert!(e.to_string().contains("reshape"), "{e}");
+    let e = Array::from_slice(&[1.0f32, 2.0], &[3]).unwrap_err();
+    assert!(e.to_string().contains("from_bytes"), "{e}");
+    assert!(matches!(a.to_vec::<u32>(), Err(Error::Dtype { .. })));
+}
+
+#[test]
+fn clone_shares_and_drop_frees() -> R {
+    let a = Array::arange(0.0, 4.0, 1.0, Dtype::F32)?;
+    let b = a.clone();
+    drop(a);
+    assert_eq!(b.to_vec::<f32>()?, vec![0., 1., 2., 3.]);
+    assert_eq!(mlx_core::MLX_VERSION, "0.32.4");
+    assert!(mlx_core::mlx_version().starts_with("0.32.4"));
+    Ok(())
+}

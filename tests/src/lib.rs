@@ -1,0 +1,2 @@
+//! Shared fixtures for the cross-crate tests in `tests/tests/`.
+#![forbid(unsafe_code)]
