@@ -1,4 +1,4 @@
-//! Gemma-4 `config.json` → validated [`TextConfig`] (spec: docs/gemma4.md §2, §3.5, §3.6, §5.1).
+//! Gemma-4 `config.json` → validated [`TextConfig`] (docs/gemma4.md §2, §3.5, §3.6, §5.1).
 //!
 //! Two stages: [`RawTextConfig`] mirrors the JSON (every field optional), and
 //! `TextConfig::try_from(raw)` resolves the layout, applies mlx-lm's defaults, validates, and
@@ -9,6 +9,7 @@
 //! writes every field explicitly.
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Deserializer, Serialize};
@@ -24,29 +25,50 @@ mod tests;
 #[non_exhaustive]
 pub enum ConfigError {
     #[error("{}: cannot read: {source}", path.display())]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// Malformed JSON; serde_json's message carries the line and column.
     #[error("invalid JSON: {source}")]
-    Json { #[source] source: serde_json::Error },
+    Json { source: serde_json::Error },
     /// A field holds a JSON value of the wrong type.
     #[error("{field}: {source}")]
-    Type { field: String, #[source] source: serde_json::Error },
+    Type {
+        field: String,
+        source: serde_json::Error,
+    },
     #[error("{field}: expected {expected}, got {got}")]
-    Invalid { field: String, expected: String, got: String },
+    Invalid {
+        field: String,
+        expected: String,
+        got: String,
+    },
     #[error("{field}: quantization mode \"{mode}\" is not supported (only \"affine\" is)")]
     UnsupportedQuantMode { field: String, mode: String },
     #[error("{}: {source}", path.display())]
-    InFile { path: PathBuf, #[source] source: Box<ConfigError> },
+    InFile {
+        path: PathBuf,
+        source: Box<ConfigError>,
+    },
 }
 
 impl ConfigError {
     fn in_file(self, path: &Path) -> Self {
-        ConfigError::InFile { path: path.to_path_buf(), source: Box::new(self) }
+        ConfigError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(self),
+        }
     }
 }
 
-fn invalid(field: impl Into<String>, expected: impl Into<String>, got: impl std::fmt::Display) -> ConfigError {
-    ConfigError::Invalid { field: field.into(), expected: expected.into(), got: got.to_string() }
+fn invalid(field: impl Into<String>, want: impl Into<String>, got: impl Display) -> ConfigError {
+    let (field, expected, got) = (field.into(), want.into(), got.to_string());
+    ConfigError::Invalid {
+        field,
+        expected,
+        got,
+    }
 }
 
 /// Attention type of one layer; selects head dim, RoPE, mask and cache type (§2.2).
@@ -68,11 +90,9 @@ impl LayerKind {
     }
 
     fn parse(s: &str) -> Option<Self> {
-        match s {
-            "sliding_attention" => Some(LayerKind::Sliding),
-            "full_attention" => Some(LayerKind::Full),
-            _ => None,
-        }
+        [LayerKind::Sliding, LayerKind::Full]
+            .into_iter()
+            .find(|k| k.as_str() == s)
     }
 }
 
@@ -122,7 +142,7 @@ pub struct LayerSpec {
     pub n_kv_heads: usize,
     pub n_heads: usize,
     pub rope: RopeSpec,
-    /// Rotated width: `int(head_dim * partial_rotary_factor)` for proportional RoPE, else `head_dim`.
+    /// `int(head_dim * partial_rotary_factor)` for proportional RoPE, else `head_dim`.
     pub rotary_dims: usize,
     pub kv: KvSource,
     /// False iff a full layer with `attention_k_eq_v` (V is the raw k_proj output). Shared
@@ -172,13 +192,14 @@ impl QuantizationConfig {
 
     /// The block as mlx-lm writes it (`false` for unquantized overrides).
     pub fn to_json_value(&self) -> Value {
-        let spec_json = |s: &QuantSpec| json!({"group_size": s.group_size, "bits": s.bits, "mode": "affine"});
-        let mut map = match self.default.as_ref().map(spec_json) {
+        let spec =
+            |s: &QuantSpec| json!({"group_size": s.group_size, "bits": s.bits, "mode": "affine"});
+        let mut map = match self.default.as_ref().map(spec) {
             Some(Value::Object(m)) => m,
             _ => Map::new(),
         };
-        for (path, spec) in &self.overrides {
-            map.insert(path.clone(), spec.as_ref().map_or(Value::Bool(false), spec_json));
+        for (path, s) in &self.overrides {
+            map.insert(path.clone(), s.as_ref().map_or(Value::Bool(false), spec));
         }
         Value::Object(map)
     }
@@ -186,29 +207,42 @@ impl QuantizationConfig {
 
 const QUANT_KEYS: [&str; 3] = ["group_size", "bits", "mode"];
 
+fn unsupported(field: String, mode: &Value) -> ConfigError {
+    let mode = mode
+        .as_str()
+        .map_or_else(|| mode.to_string(), str::to_owned);
+    ConfigError::UnsupportedQuantMode { field, mode }
+}
+
 fn parse_quant(block: &Value, field: &str) -> Result<QuantizationConfig, ConfigError> {
     let Value::Object(map) = block else {
         return Err(invalid(field, "an object", block));
     };
     // HF-style blocks (awq, gptq, mxfp4, ...) name a method instead of MLX's keys.
     if let Some(method) = map.get("quant_method") {
-        let mode = method.as_str().map_or_else(|| method.to_string(), str::to_owned);
-        return Err(ConfigError::UnsupportedQuantMode { field: format!("{field}.quant_method"), mode });
+        return Err(unsupported(format!("{field}.quant_method"), method));
     }
-    let default = match QUANT_KEYS.iter().any(|k| map.contains_key(*k)) {
-        true => Some(quant_spec(map, field)?),
-        false => None,
-    };
+    let has_default = QUANT_KEYS.iter().any(|k| map.contains_key(*k));
+    let default = has_default.then(|| quant_spec(map, field)).transpose()?;
     let mut overrides = BTreeMap::new();
-    for (key, value) in map.iter().filter(|(k, _)| !QUANT_KEYS.contains(&k.as_str())) {
+    for (key, value) in map
+        .iter()
+        .filter(|(k, _)| !QUANT_KEYS.contains(&k.as_str()))
+    {
         let f = format!("{field}.{key}");
         let spec = match value {
             Value::Bool(false) => None,
-            Value::Bool(true) => Some(default.ok_or_else(|| {
-                invalid(&f, "an object {group_size, bits} (the block has no default for `true`)", "true")
-            })?),
+            Value::Bool(true) => {
+                Some(default.ok_or_else(|| invalid(&f, "false or an object (no default)", true))?)
+            }
             Value::Object(o) => Some(quant_spec(o, &f)?),
-            other => return Err(invalid(f, "an object {group_size, bits[, mode]} or a bool", other)),
+            other => {
+                return Err(invalid(
+                    f,
+                    "an object {group_size, bits[, mode]} or a bool",
+                    other,
+                ))
+            }
         };
         overrides.insert(key.clone(), spec);
     }
@@ -220,19 +254,25 @@ fn quant_spec(map: &Map<String, Value>, field: &str) -> Result<QuantSpec, Config
     let mode = match map.get("mode") {
         None | Some(Value::Null) => QuantMode::Affine,
         Some(Value::String(s)) if s == "affine" => QuantMode::Affine,
-        Some(Value::String(s)) => {
-            return Err(ConfigError::UnsupportedQuantMode { field: format!("{field}.mode"), mode: s.clone() })
-        }
-        Some(other) => return Err(invalid(format!("{field}.mode"), "a string", other)),
+        Some(other) => return Err(unsupported(format!("{field}.mode"), other)),
     };
     let pick = |key: &str, allowed: &[u32]| {
         let v = map.get(key);
         match v.and_then(Value::as_u64) {
             Some(x) if allowed.iter().any(|&a| u64::from(a) == x) => Ok(x as u32),
-            _ => Err(invalid(format!("{field}.{key}"), format!("one of {allowed:?}"), v.map_or("nothing".into(), Value::to_string))),
+            _ => Err(invalid(
+                format!("{field}.{key}"),
+                format!("one of {allowed:?}"),
+                v.unwrap_or(&Value::Null),
+            )),
         }
     };
-    Ok(QuantSpec { group_size: pick("group_size", &[32, 64, 128])?, bits: pick("bits", &[2, 3, 4, 5, 6, 8])?, mode })
+    let group_size = pick("group_size", &[32, 64, 128])?;
+    Ok(QuantSpec {
+        group_size,
+        bits: pick("bits", &[2, 3, 4, 5, 6, 8])?,
+        mode,
+    })
 }
 
 /// One `rope_parameters` entry as written. Floats are f64 so `int(dims * factor)` matches
@@ -298,43 +338,40 @@ pub struct RawTextConfig {
     pub quantization_config: Option<Value>,
 }
 
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
 /// `eos_token_id` is an int or a list of ints.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawIds {
-    One(u32),
-    Many(Vec<u32>),
-}
-
-impl From<RawIds> for Vec<u32> {
-    fn from(ids: RawIds) -> Self {
-        match ids {
-            RawIds::One(id) => vec![id],
-            RawIds::Many(ids) => ids,
-        }
-    }
-}
-
 fn token_ids<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u32>>, D::Error> {
-    Ok(Option::<RawIds>::deserialize(d)?.map(Vec::from))
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Ids {
+        One(u32),
+        Many(Vec<u32>),
+    }
+    Ok(Option::<Ids>::deserialize(d)?.map(|ids| match ids {
+        Ids::One(id) => vec![id],
+        Ids::Many(ids) => ids,
+    }))
 }
 
 impl RawTextConfig {
     /// Parses `config.json` text. Type errors name the offending field, found by
     /// re-deserializing one key at a time (serde_json itself only gives line/column).
     pub fn from_json_str(s: &str) -> Result<Self, ConfigError> {
-        match serde_json::from_str::<RawTextConfig>(s) {
-            Ok(raw) => Ok(raw),
-            Err(source) if source.is_syntax() || source.is_eof() => Err(ConfigError::Json { source }),
-            Err(source) => {
-                let field = serde_json::from_str::<Value>(s).ok().and_then(|v| locate_bad_field(&v));
-                Err(ConfigError::Type { field: field.unwrap_or_else(|| "config".into()), source })
-            }
-        }
+        let source = match serde_json::from_str::<RawTextConfig>(s) {
+            Ok(raw) => return Ok(raw),
+            Err(e) if e.is_syntax() || e.is_eof() => return Err(ConfigError::Json { source: e }),
+            Err(e) => e,
+        };
+        let field = serde_json::from_str::<Value>(s)
+            .ok()
+            .and_then(|v| locate_bad_field(&v));
+        let field = field.unwrap_or_else(|| "config".into());
+        Err(ConfigError::Type { field, source })
     }
 }
 
@@ -343,10 +380,10 @@ fn locate_bad_field(v: &Value) -> Option<String> {
     map.iter().find_map(|(key, value)| {
         let single = Value::Object(Map::from_iter([(key.clone(), value.clone())]));
         RawTextConfig::deserialize(&single).err()?;
-        match key.as_str() {
-            "text_config" => locate_bad_field(value).map(|inner| format!("text_config.{inner}")).or(Some(key.clone())),
-            _ => Some(key.clone()),
-        }
+        let inner = (key == "text_config")
+            .then(|| locate_bad_field(value))
+            .flatten();
+        Some(inner.map_or_else(|| key.clone(), |f| format!("text_config.{f}")))
     })
 }
 
@@ -392,19 +429,29 @@ pub struct TextConfig {
     pub quantization: Option<QuantizationConfig>,
 }
 
-fn positive(field: String, v: usize) -> Result<usize, ConfigError> {
-    if v == 0 {
-        return Err(invalid(field, "a value > 0", 0));
-    }
-    Ok(v)
-}
+/// Field naming and checks for one decoder block (prefix `""` or `"text_config."`).
+struct Check<'a>(&'a str);
 
-fn positive_f32(field: String, v: f64) -> Result<f32, ConfigError> {
-    let x = v as f32;
-    if !(x.is_finite() && x > 0.0) {
-        return Err(invalid(field, "a finite number > 0", v));
+impl Check<'_> {
+    fn bad(&self, f: &str, expected: impl Into<String>, got: impl Display) -> ConfigError {
+        invalid(format!("{}{f}", self.0), expected, got)
     }
-    Ok(x)
+
+    /// `v`, or mlx-lm's default when absent; must be > 0.
+    fn pos(&self, f: &str, v: Option<usize>, default: usize) -> Result<usize, ConfigError> {
+        match v.unwrap_or(default) {
+            0 => Err(self.bad(f, "a value > 0", 0)),
+            x => Ok(x),
+        }
+    }
+
+    fn pos_f32(&self, f: &str, v: Option<f64>, default: f64) -> Result<f32, ConfigError> {
+        let x = v.unwrap_or(default);
+        match x as f32 {
+            y if y.is_finite() && y > 0.0 => Ok(y),
+            _ => Err(self.bad(f, "a finite number > 0", x)),
+        }
+    }
 }
 
 /// mlx-lm's `rope_parameters` default, used only when the whole field is absent or null.
@@ -421,34 +468,45 @@ fn default_rope_parameters() -> BTreeMap<String, RawRope> {
     ])
 }
 
-/// Returns the spec and the f64 partial factor (for the Python-exact `int(dims * factor)`).
-fn rope_spec(raw: &RawRope, field: &str) -> Result<(RopeSpec, f64), ConfigError> {
-    let ty = raw.type_.as_deref().filter(|s| !s.is_empty()).or(raw.rope_type.as_deref());
-    let rope_type = match ty.unwrap_or("default") {
+/// The spec plus the f64 partial factor, for the Python-exact `int(dims * factor)`.
+fn rope_spec(c: &Check, key: &str, raw: &RawRope) -> Result<(RopeSpec, f64), ConfigError> {
+    let ty = raw.type_.as_deref().filter(|s| !s.is_empty());
+    let rope_type = match ty.or(raw.rope_type.as_deref()).unwrap_or("default") {
         "default" => RopeType::Default,
         "proportional" => RopeType::Proportional,
-        other => return Err(invalid(format!("{field}.rope_type"), r#""default" or "proportional""#, format!("{other:?}"))),
+        other => {
+            let f = format!("{key}.rope_type");
+            return Err(c.bad(&f, r#""default" or "proportional""#, format!("{other:?}")));
+        }
     };
     let partial = raw.partial_rotary_factor.unwrap_or(1.0);
     let spec = RopeSpec {
         rope_type,
-        theta: positive_f32(format!("{field}.rope_theta"), raw.rope_theta.unwrap_or(10_000.0))?,
-        partial_rotary_factor: positive_f32(format!("{field}.partial_rotary_factor"), partial)?,
-        factor: positive_f32(format!("{field}.factor"), raw.factor.unwrap_or(1.0))?,
+        theta: c.pos_f32(&format!("{key}.rope_theta"), raw.rope_theta, 1e4)?,
+        partial_rotary_factor: c.pos_f32(
+            &format!("{key}.partial_rotary_factor"),
+            Some(partial),
+            1.0,
+        )?,
+        factor: c.pos_f32(&format!("{key}.factor"), raw.factor, 1.0)?,
     };
     Ok((spec, partial))
 }
+
+const KIND_NAMES: &str = r#""sliding_attention" or "full_attention""#;
+const VOCAB: usize = 262_144;
 
 impl TryFrom<RawTextConfig> for TextConfig {
     type Error = ConfigError;
 
     fn try_from(mut raw: RawTextConfig) -> Result<Self, ConfigError> {
-        let (layout, prefix) = match raw.model_type.as_deref() {
-            Some("gemma4_text") => (Layout::Flat, ""),
-            Some("gemma4" | "gemma4_unified") => (Layout::Nested, "text_config."),
+        let (layout, c) = match raw.model_type.as_deref() {
+            Some("gemma4_text") => (Layout::Flat, Check("")),
+            Some("gemma4" | "gemma4_unified") => (Layout::Nested, Check("text_config.")),
             other => {
-                let got = other.map_or_else(|| "nothing".to_string(), |s| format!("{s:?}"));
-                return Err(invalid("model_type", r#""gemma4_text", "gemma4" or "gemma4_unified""#, got));
+                let got = other.map_or_else(|| "nothing".into(), |s| format!("{s:?}"));
+                let expected = r#""gemma4_text", "gemma4" or "gemma4_unified""#;
+                return Err(invalid("model_type", expected, got));
             }
         };
         let nested = match layout {
@@ -457,168 +515,154 @@ impl TryFrom<RawTextConfig> for TextConfig {
         };
         let top = raw;
         let t = nested.as_ref().unwrap_or(&top);
-        let name = |f: &str| format!("{prefix}{f}");
 
-        let hidden_size = positive(name("hidden_size"), t.hidden_size.unwrap_or(1536))?;
-        let n = positive(name("num_hidden_layers"), t.num_hidden_layers.unwrap_or(35))?;
-        let intermediate_size = positive(name("intermediate_size"), t.intermediate_size.unwrap_or(6144))?;
-        // gemma4.ModelArgs fills 8 / 1 when absent, which equals gemma4_text's own defaults.
-        let n_heads = positive(name("num_attention_heads"), t.num_attention_heads.unwrap_or(8))?;
-        let n_kv = positive(name("num_key_value_heads"), t.num_key_value_heads.unwrap_or(1))?;
-        let n_global_kv = match t.num_global_key_value_heads {
-            Some(v) => Some(positive(name("num_global_key_value_heads"), v)?),
-            None => None,
-        };
-        let head_dim = positive(name("head_dim"), t.head_dim.unwrap_or(256))?;
-        let global_head_dim = match t.global_head_dim {
-            None => 512,
-            Some(None) => head_dim,
-            Some(Some(v)) => positive(name("global_head_dim"), v)?,
-        };
+        let hidden_size = c.pos("hidden_size", t.hidden_size, 1536)?;
+        let n = c.pos("num_hidden_layers", t.num_hidden_layers, 35)?;
+        let intermediate_size = c.pos("intermediate_size", t.intermediate_size, 6144)?;
+        // gemma4.ModelArgs fills 8 / 1 when absent: the same as gemma4_text's defaults.
+        let n_heads = c.pos("num_attention_heads", t.num_attention_heads, 8)?;
+        let n_kv = c.pos("num_key_value_heads", t.num_key_value_heads, 1)?;
+        let n_global_kv = t.num_global_key_value_heads;
+        let n_global_kv = n_global_kv.map(|v| c.pos("num_global_key_value_heads", Some(v), v));
+        let n_global_kv = n_global_kv.transpose()?;
+        let head_dim = c.pos("head_dim", t.head_dim, 256)?;
+        let global_head_dim = t.global_head_dim.map(|v| v.unwrap_or(head_dim));
+        let global_head_dim = c.pos("global_head_dim", global_head_dim, 512)?;
         let k_eq_v = t.attention_k_eq_v.unwrap_or(false);
         let shared = t.num_kv_shared_layers.unwrap_or(20);
         if shared >= n {
-            return Err(invalid(name("num_kv_shared_layers"), format!("a value < num_hidden_layers ({n})"), shared));
+            let expected = format!("a value < num_hidden_layers ({n})");
+            return Err(c.bad("num_kv_shared_layers", expected, shared));
         }
-        let ple = match t.hidden_size_per_layer_input {
-            None => 256,
-            Some(v) => v.unwrap_or(0),
-        };
-        let vocab_size_per_layer_input = t.vocab_size_per_layer_input.unwrap_or(262_144);
+        let ple = t
+            .hidden_size_per_layer_input
+            .map_or(256, Option::unwrap_or_default);
+        let vocab_size_per_layer_input = t.vocab_size_per_layer_input.unwrap_or(VOCAB);
         if ple > 0 && vocab_size_per_layer_input == 0 {
-            return Err(invalid(name("vocab_size_per_layer_input"), "a value > 0 when hidden_size_per_layer_input > 0", 0));
+            let expected = "a value > 0 when hidden_size_per_layer_input > 0";
+            return Err(c.bad("vocab_size_per_layer_input", expected, 0));
         }
-        // Nested: mlx-lm overwrites text_config.vocab_size with the top-level one (default 262144).
+        // Nested: mlx-lm overwrites text_config.vocab_size with the top-level one.
         let vocab_size = match layout {
-            Layout::Flat => positive(name("vocab_size"), t.vocab_size.unwrap_or(262_144))?,
-            Layout::Nested => positive("vocab_size".into(), top.vocab_size.unwrap_or(262_144))?,
+            Layout::Flat => c.pos("vocab_size", t.vocab_size, VOCAB)?,
+            Layout::Nested => Check("").pos("vocab_size", top.vocab_size, VOCAB)?,
         };
-        let final_logit_softcapping = match t.final_logit_softcapping {
-            None => Some(30.0),
-            Some(None) => None,
-            Some(Some(c)) => Some(positive_f32(name("final_logit_softcapping"), c)?),
-        };
-        let sliding_window = positive(name("sliding_window"), t.sliding_window.unwrap_or(512))?;
-        let rms_norm_eps = positive_f32(name("rms_norm_eps"), t.rms_norm_eps.unwrap_or(1e-6))?;
+        let softcap = t.final_logit_softcapping.unwrap_or(Some(30.0));
+        let softcap = softcap.map(|x| c.pos_f32("final_logit_softcapping", Some(x), x));
+        let softcap = softcap.transpose()?;
+        let sliding_window = c.pos("sliding_window", t.sliding_window, 512)?;
+        let rms_norm_eps = c.pos_f32("rms_norm_eps", t.rms_norm_eps, 1e-6)?;
 
         let enable_moe_block = t.enable_moe_block.unwrap_or(false);
         if enable_moe_block {
-            let need = |f: &str, v: Option<usize>| match v {
-                Some(x) => positive(name(f), x),
-                None => Err(invalid(name(f), "a value > 0 when enable_moe_block is true", "nothing")),
+            let need = |f: &str, v: Option<usize>| {
+                let v = v.ok_or_else(|| c.bad(f, "a value with enable_moe_block", "none"))?;
+                c.pos(f, Some(v), v)
             };
             let experts = need("num_experts", t.num_experts)?;
             let top_k = need("top_k_experts", t.top_k_experts)?;
             need("moe_intermediate_size", t.moe_intermediate_size)?;
             if top_k > experts {
-                return Err(invalid(name("top_k_experts"), format!("at most num_experts ({experts})"), top_k));
+                let expected = format!("at most num_experts ({experts})");
+                return Err(c.bad("top_k_experts", expected, top_k));
             }
         }
 
-        // mlx-lm's layer_types default: pattern repeated and cut, no last-layer forcing (HF does that).
+        // mlx-lm's default: the pattern repeated and cut; no last-layer forcing (HF does that).
         let kinds: Vec<LayerKind> = match &t.layer_types {
-            Some(list) => {
-                let kinds = list
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        LayerKind::parse(s).ok_or_else(|| {
-                            let field = format!("{}[{i}]", name("layer_types"));
-                            invalid(field, r#""sliding_attention" or "full_attention""#, format!("{s:?}"))
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                if kinds.len() != n {
-                    let expected = format!("{n} entries (num_hidden_layers)");
-                    return Err(invalid(name("layer_types"), expected, format!("{} entries", kinds.len())));
-                }
-                kinds
+            Some(list) if list.len() != n => {
+                let expected = format!("{n} entries (num_hidden_layers)");
+                return Err(c.bad("layer_types", expected, format!("{} entries", list.len())));
             }
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let bad = || c.bad(&format!("layer_types[{i}]"), KIND_NAMES, format!("{s:?}"));
+                    LayerKind::parse(s).ok_or_else(bad)
+                })
+                .collect::<Result<_, _>>()?,
             None => {
-                let pattern = t.sliding_window_pattern.or(t.sliding_window_pattern_alias).unwrap_or(5);
-                let p = positive(name("sliding_window_pattern"), pattern)?;
-                (0..n).map(|i| if i % p == p - 1 { LayerKind::Full } else { LayerKind::Sliding }).collect()
+                let pattern = t.sliding_window_pattern.or(t.sliding_window_pattern_alias);
+                let p = c.pos("sliding_window_pattern", pattern, 5)?;
+                let kinds = [LayerKind::Sliding, LayerKind::Full];
+                (0..n).map(|i| kinds[usize::from(i % p == p - 1)]).collect()
             }
         };
 
-        let rope_params = t.rope_parameters.clone().unwrap_or_else(default_rope_parameters);
-        let mut ropes: BTreeMap<LayerKind, (RopeSpec, f64)> = BTreeMap::new();
-        let mut kv_heads: BTreeMap<LayerKind, usize> = BTreeMap::new();
-        for &kind in &kinds {
-            if ropes.contains_key(&kind) {
-                continue;
-            }
-            let field = format!("{}.{}", name("rope_parameters"), kind.as_str());
-            let entry = rope_params.get(kind.as_str()).ok_or_else(|| invalid(&field, "an entry for this layer kind", "nothing"))?;
-            ropes.insert(kind, rope_spec(entry, &field)?);
-            let (heads, field) = match (kind, k_eq_v, n_global_kv) {
-                (LayerKind::Full, true, Some(g)) => (g, "num_global_key_value_heads"),
-                _ => (n_kv, "num_key_value_heads"),
-            };
-            if n_heads % heads != 0 {
-                return Err(invalid(name(field), format!("a divisor of num_attention_heads ({n_heads})"), heads));
-            }
-            kv_heads.insert(kind, heads);
-        }
-
+        let rope_params = t.rope_parameters.clone();
+        let rope_params = rope_params.unwrap_or_else(default_rope_parameters);
         let first_kv_shared = n - shared;
-        let mut last_donor: BTreeMap<LayerKind, usize> = BTreeMap::new();
-        for (i, &kind) in kinds.iter().enumerate().take(first_kv_shared) {
-            last_donor.insert(kind, i);
-        }
+        let double_wide = t.use_double_wide_mlp.unwrap_or(true);
         let mut layers = Vec::with_capacity(n);
         for (i, &kind) in kinds.iter().enumerate() {
-            let (rope, partial) = ropes.get(&kind).copied().ok_or_else(|| invalid(name("rope_parameters"), "an entry per kind", "nothing"))?;
-            let (layer_head_dim, dim_field) = match kind {
+            let key = format!("rope_parameters.{}", kind.as_str());
+            let raw_rope = rope_params.get(kind.as_str());
+            let raw_rope = raw_rope.ok_or_else(|| c.bad(&key, "an entry", "none"))?;
+            let (rope, partial) = rope_spec(&c, &key, raw_rope)?;
+            let (dim, dim_field) = match kind {
                 LayerKind::Sliding => (head_dim, "head_dim"),
                 LayerKind::Full => (global_head_dim, "global_head_dim"),
             };
             let rotary_dims = match rope.rope_type {
-                RopeType::Default => layer_head_dim,
-                RopeType::Proportional => (layer_head_dim as f64 * partial).floor() as usize,
+                RopeType::Default => dim,
+                RopeType::Proportional => (dim as f64 * partial) as usize,
             };
-            if rotary_dims % 2 != 0 || rotary_dims > layer_head_dim {
-                let field = match rope.rope_type {
-                    RopeType::Default => name(dim_field),
-                    RopeType::Proportional => format!("{}.{}.partial_rotary_factor", name("rope_parameters"), kind.as_str()),
+            if rotary_dims % 2 != 0 || rotary_dims > dim {
+                let f = match rope.rope_type {
+                    RopeType::Default => dim_field.to_string(),
+                    RopeType::Proportional => format!("{key}.partial_rotary_factor"),
                 };
-                let expected = format!("an even rotated width <= {dim_field} ({layer_head_dim})");
-                return Err(invalid(field, expected, format!("{rotary_dims} rotated dims")));
+                let expected = format!("an even rotated width <= {dim_field} ({dim})");
+                return Err(c.bad(&f, expected, format!("{rotary_dims} rotated dims")));
+            }
+            let (n_kv_heads, kv_field) = match (kind, k_eq_v, n_global_kv) {
+                (LayerKind::Full, true, Some(g)) => (g, "num_global_key_value_heads"),
+                _ => (n_kv, "num_key_value_heads"),
+            };
+            if n_heads % n_kv_heads != 0 {
+                let expected = format!("a divisor of num_attention_heads ({n_heads})");
+                return Err(c.bad(kv_field, expected, n_kv_heads));
             }
             let kv = if i < first_kv_shared {
                 KvSource::Own { cache_index: i }
             } else {
-                let donor = last_donor.get(&kind).copied().ok_or_else(|| {
-                    let expected = format!("a non-shared {} layer below index {first_kv_shared} to lend K/V to layer {i}", kind.as_str());
-                    invalid(name("num_kv_shared_layers"), expected, format!("{shared} (no such layer)"))
-                })?;
+                // mlx-lm's `previous_kvs`: the last donor layer of the same kind.
+                let donor = kinds[..first_kv_shared].iter().rposition(|&k| k == kind);
+                let expected = format!("a {} donor layer below {first_kv_shared}", kind.as_str());
+                let donor = donor.ok_or_else(|| c.bad("num_kv_shared_layers", expected, shared))?;
                 KvSource::Shared { donor }
             };
-            let double = i >= first_kv_shared && t.use_double_wide_mlp.unwrap_or(true);
-            let mlp_width = match double {
-                true => intermediate_size.checked_mul(2).ok_or_else(|| invalid(name("intermediate_size"), "a value whose double fits usize", intermediate_size))?,
-                false => intermediate_size,
+            let mlp_width = match i >= first_kv_shared && double_wide {
+                true => intermediate_size.checked_mul(2),
+                false => Some(intermediate_size),
             };
+            let too_big = || c.bad("intermediate_size", "a doublable size", intermediate_size);
             layers.push(LayerSpec {
                 kind,
-                head_dim: layer_head_dim,
-                n_kv_heads: kv_heads.get(&kind).copied().unwrap_or(n_kv),
+                head_dim: dim,
+                n_kv_heads,
                 n_heads,
                 rope,
                 rotary_dims,
                 kv,
                 has_v_proj: !(kind == LayerKind::Full && k_eq_v),
-                mlp_width,
+                mlp_width: mlp_width.ok_or_else(too_big)?,
             });
         }
 
-        let quantization = match (&top.quantization, &top.quantization_config, nested.as_ref().and_then(|t| t.quantization_config.as_ref())) {
-            (Some(q), _, _) => Some(parse_quant(q, "quantization")?),
-            (None, Some(q), _) => Some(parse_quant(q, "quantization_config")?),
-            (None, None, Some(q)) => Some(parse_quant(q, "text_config.quantization_config")?),
-            (None, None, None) => None,
-        };
+        let text_quant = nested.as_ref().and_then(|t| t.quantization_config.as_ref());
+        let quantization = [
+            (top.quantization.as_ref(), "quantization"),
+            (top.quantization_config.as_ref(), "quantization_config"),
+            (text_quant, "text_config.quantization_config"),
+        ];
+        let quantization = quantization
+            .into_iter()
+            .find_map(|(q, f)| Some(parse_quant(q?, f)));
 
+        // The stop set comes from the top level (§2.5); text_config's is a fallback.
+        let eos = top.eos_token_id.as_ref().or(t.eos_token_id.as_ref());
         Ok(TextConfig {
             layout,
             hidden_size,
@@ -635,8 +679,8 @@ impl TryFrom<RawTextConfig> for TextConfig {
             hidden_size_per_layer_input: ple,
             vocab_size,
             vocab_size_per_layer_input,
-            use_double_wide_mlp: t.use_double_wide_mlp.unwrap_or(true),
-            final_logit_softcapping,
+            use_double_wide_mlp: double_wide,
+            final_logit_softcapping: softcap,
             sliding_window,
             rms_norm_eps,
             tie_word_embeddings: t.tie_word_embeddings.unwrap_or(true),
@@ -645,12 +689,11 @@ impl TryFrom<RawTextConfig> for TextConfig {
             top_k_experts: t.top_k_experts,
             moe_intermediate_size: t.moe_intermediate_size,
             max_position_embeddings: t.max_position_embeddings.unwrap_or(131_072),
-            // The stop set comes from the top level (§2.5); text_config's is a fallback.
-            eos_token_ids: top.eos_token_id.clone().or_else(|| t.eos_token_id.clone()).unwrap_or_else(|| vec![1]),
+            eos_token_ids: eos.cloned().unwrap_or_else(|| vec![1]),
             bos_token_id: t.bos_token_id.or(top.bos_token_id).unwrap_or(2),
             pad_token_id: t.pad_token_id.or(top.pad_token_id).unwrap_or(0),
             layers,
-            quantization,
+            quantization: quantization.transpose()?,
         })
     }
 }
@@ -660,25 +703,29 @@ fn f32_json(x: f32) -> Value {
     Value::from(x.to_string().parse::<f64>().unwrap_or(f64::from(x)))
 }
 
+fn read(path: &Path) -> Result<String, ConfigError> {
+    let io = |source| ConfigError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::read_to_string(path).map_err(io)
+}
+
 /// Reads generation_config.json's `eos_token_id` the way mlx-lm's `load_config` does: an
-/// undecodable file is ignored, and a falsy value (null, 0, [], false) does not override.
+/// undecodable file is ignored, and a falsy value (null, false, 0, []) does not override.
 fn generation_eos(path: &Path) -> Result<Option<Vec<u32>>, ConfigError> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { path: path.to_path_buf(), source })?;
-    let Ok(value) = serde_json::from_str::<Value>(&text) else {
-        return Ok(None);
-    };
+    let value = serde_json::from_str::<Value>(&read(path)?).unwrap_or(Value::Null);
     let eos = match value.get("eos_token_id") {
         None | Some(Value::Null | Value::Bool(false)) => return Ok(None),
         Some(Value::Number(n)) if n.as_u64() == Some(0) => return Ok(None),
         Some(Value::Array(a)) if a.is_empty() => return Ok(None),
         Some(v) => v,
     };
-    let ids = RawIds::deserialize(eos)
-        .map_err(|source| ConfigError::Type { field: "eos_token_id".into(), source }.in_file(path))?;
-    Ok(Some(ids.into()))
+    let field = "eos_token_id".to_string();
+    token_ids(eos).map_err(|source| ConfigError::Type { field, source }.in_file(path))
 }
 
 impl TextConfig {
@@ -691,7 +738,7 @@ impl TextConfig {
     /// stop ids, as mlx-lm's `load_config` does. Errors name the file.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io { path: path.clone(), source })?;
+        let text = read(&path)?;
         let mut cfg = Self::from_json_str(&text).map_err(|e| e.in_file(&path))?;
         if let Some(ids) = generation_eos(&dir.join("generation_config.json"))? {
             cfg.eos_token_ids = ids;
@@ -729,14 +776,12 @@ impl TextConfig {
         }
         let mut v = json!({
             "model_type": "gemma4_text",
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_hidden_layers,
+            "hidden_size": self.hidden_size, "num_hidden_layers": self.num_hidden_layers,
             "intermediate_size": self.intermediate_size,
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "num_global_key_value_heads": self.num_global_key_value_heads,
-            "head_dim": self.head_dim,
-            "global_head_dim": self.global_head_dim,
+            "head_dim": self.head_dim, "global_head_dim": self.global_head_dim,
             "attention_k_eq_v": self.attention_k_eq_v,
             "num_kv_shared_layers": self.num_kv_shared_layers,
             "hidden_size_per_layer_input": self.hidden_size_per_layer_input,
@@ -746,16 +791,13 @@ impl TextConfig {
             "final_logit_softcapping": self.final_logit_softcapping.map(f32_json),
             "sliding_window": self.sliding_window,
             "layer_types": self.layers.iter().map(|l| l.kind.as_str()).collect::<Vec<_>>(),
-            "rope_parameters": rope,
-            "rms_norm_eps": f32_json(self.rms_norm_eps),
+            "rope_parameters": rope, "rms_norm_eps": f32_json(self.rms_norm_eps),
             "tie_word_embeddings": self.tie_word_embeddings,
-            "enable_moe_block": self.enable_moe_block,
-            "num_experts": self.num_experts,
+            "enable_moe_block": self.enable_moe_block, "num_experts": self.num_experts,
             "top_k_experts": self.top_k_experts,
             "moe_intermediate_size": self.moe_intermediate_size,
             "max_position_embeddings": self.max_position_embeddings,
-            "eos_token_id": self.eos_token_ids,
-            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_ids, "bos_token_id": self.bos_token_id,
             "pad_token_id": self.pad_token_id,
         });
         if let (Value::Object(map), Some(q)) = (&mut v, &self.quantization) {
@@ -765,70 +807,44 @@ impl TextConfig {
     }
 }
 
-/// Fields shared by the §9.1 tiny configs.
-fn tiny_common_json() -> Value {
+/// §9.1 config A ("E-style") as flat JSON: PLE, KV sharing of both kinds, double-wide MLP,
+/// partial RoPE, window 8, GQA 2, softcap.
+fn tiny_config_a_json() -> Value {
+    let (s, f) = ("sliding_attention", "full_attention");
     json!({
-        "model_type": "gemma4_text",
-        "hidden_size": 128,
-        "intermediate_size": 128,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "global_head_dim": 64,
+        "model_type": "gemma4_text", "hidden_size": 128, "num_hidden_layers": 6,
+        "layer_types": [s, s, f, s, s, f], "num_kv_shared_layers": 3,
+        "intermediate_size": 128, "use_double_wide_mlp": true,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "global_head_dim": 64,
+        "num_global_key_value_heads": null, "attention_k_eq_v": false,
         "rope_parameters": {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+            "full_attention":
+                {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
         },
-        "sliding_window": 8,
-        "vocab_size": 512,
-        "vocab_size_per_layer_input": 512,
-        "final_logit_softcapping": 30.0,
-        "tie_word_embeddings": true,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 4096,
-        "pad_token_id": 0,
-        "bos_token_id": 2,
-        "eos_token_id": 1,
+        "sliding_window": 8, "hidden_size_per_layer_input": 64,
+        "vocab_size": 512, "vocab_size_per_layer_input": 512, "final_logit_softcapping": 30.0,
+        "enable_moe_block": false, "tie_word_embeddings": true, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
     })
 }
 
-fn merge(mut base: Value, extra: Value) -> Value {
-    if let (Value::Object(b), Value::Object(e)) = (&mut base, extra) {
-        b.extend(e);
-    }
-    base
-}
-
-/// §9.1 config A ("E-style") as flat JSON: PLE, KV sharing of both kinds, double-wide MLP.
-fn tiny_config_a_json() -> Value {
-    merge(tiny_common_json(), json!({
-        "num_hidden_layers": 6,
-        "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
-                        "sliding_attention", "sliding_attention", "full_attention"],
-        "num_kv_shared_layers": 3,
-        "use_double_wide_mlp": true,
-        "num_global_key_value_heads": null,
-        "attention_k_eq_v": false,
-        "hidden_size_per_layer_input": 64,
-        "enable_moe_block": false,
-    }))
-}
-
-/// §9.1 config B ("26B/31B-style") as flat JSON: MoE, k_eq_v full layers, no PLE or sharing.
+/// §9.1 config B ("26B/31B-style"): A with MoE and k_eq_v full layers, no PLE or sharing.
 fn tiny_config_b_json() -> Value {
-    merge(tiny_common_json(), json!({
-        "num_hidden_layers": 4,
-        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        "num_kv_shared_layers": 0,
-        "use_double_wide_mlp": false,
-        "num_global_key_value_heads": 1,
-        "attention_k_eq_v": true,
-        "hidden_size_per_layer_input": 0,
-        "enable_moe_block": true,
-        "num_experts": 4,
-        "top_k_experts": 2,
-        "moe_intermediate_size": 64,
-    }))
+    let (s, f) = ("sliding_attention", "full_attention");
+    let mut v = tiny_config_a_json();
+    if let (Value::Object(map), Value::Object(b)) = (
+        &mut v,
+        json!({
+            "num_hidden_layers": 4, "layer_types": [s, f, s, f], "num_kv_shared_layers": 0,
+            "use_double_wide_mlp": false, "num_global_key_value_heads": 1, "attention_k_eq_v": true,
+            "hidden_size_per_layer_input": 0, "enable_moe_block": true, "num_experts": 4,
+            "top_k_experts": 2, "moe_intermediate_size": 64,
+        }),
+    ) {
+        map.extend(b);
+    }
+    v
 }
 
 /// §9.1 config A, parsed through validation. The JSON is a constant, so failure is a bug here.

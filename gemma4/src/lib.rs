@@ -1,2 +1,27 @@
-//! The Gemma-4 text model on MLX.
+//! The Gemma-4 text model on MLX, at bit parity with mlx-lm 0.32.2 (see docs/gemma4.md):
+//! config and checkpoint loading (HF and MLX-community layouts, bf16 and MLX-quantized), a
+//! forward with a hidden-state tap, KV caches with rollback, and plain generation.
 #![forbid(unsafe_code)]
+
+mod attention;
+pub mod checkpoint;
+pub mod cache;
+pub mod config;
+mod error;
+pub mod generate;
+mod layer;
+mod linear;
+pub mod mask;
+mod mlp;
+mod model;
+mod moe;
+mod rope;
+pub mod sampling;
+mod tap;
+pub mod weights;
+
+pub use cache::{Cache, CacheError, LayerCache};
+pub use config::{LayerKind, TextConfig};
+pub use error::{Error, Result};
+pub use model::{ForwardOutput, Model};
+pub use tap::{TapPoint, TapSet};

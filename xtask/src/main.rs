@@ -1,1 +1,48 @@
-fn main() {}
+//! `cargo xtask …`: the project's gates and benchmarks.
+
+mod parity;
+mod venv;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "dspark-rs gates and benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// gemma4 against mlx-lm 0.32.2 on tiny random checkpoints: bit-identical logits and tokens.
+    Parity {
+        /// Greedy/sampled tokens per job.
+        #[arg(long, default_value_t = 64)]
+        tokens: usize,
+        /// Where checkpoints and reference outputs go.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The reference venv (created on first use).
+        #[arg(long)]
+        venv: Option<PathBuf>,
+    },
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Parity { tokens, dir, venv } => {
+            let dir = dir.unwrap_or_else(|| target_dir().join("parity"));
+            let venv = venv.unwrap_or_else(|| target_dir().join("reference-venv"));
+            parity::run(&dir, &venv, tokens)
+        }
+    }
+}

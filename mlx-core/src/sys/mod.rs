@@ -14,7 +14,6 @@ pub(crate) mod ffi {
         fn shape(a: &Array) -> Result<Vec<i32>>;
         fn dtype(a: &Array) -> Result<i32>;
         fn nbytes(a: &Array) -> Result<usize>;
-        fn describe(a: &Array) -> Result<String>;
         fn mlx_version() -> Result<String>;
 
         fn from_bytes(data: &[u8], shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;

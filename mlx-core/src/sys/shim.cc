@@ -3,7 +3,6 @@
 #include "mlx-core/src/sys/shim.h"
 
 #include <cstring>
-#include <sstream>
 #include <stdexcept>
 
 #include "mlx-core/src/sys/mod.rs.h"
@@ -68,12 +67,6 @@ rust::Vec<int32_t> shape(const Array& a) {
 
 int32_t dtype(const Array& a) { return from_dtype(a.inner.dtype()); }
 size_t nbytes(const Array& a) { return a.inner.nbytes(); }
-
-rust::String describe(const Array& a) {
-  std::ostringstream os;
-  os << a.inner;
-  return rust::String(os.str());
-}
 
 rust::String mlx_version() { return rust::String(mx::version()); }
 

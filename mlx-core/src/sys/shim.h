@@ -28,7 +28,6 @@ ArrayPtr clone_array(const Array& a);
 rust::Vec<int32_t> shape(const Array& a);
 int32_t dtype(const Array& a);
 size_t nbytes(const Array& a);
-rust::String describe(const Array& a);
 rust::String mlx_version();
 
 // ---- construction and readback ----

@@ -1,0 +1,105 @@
+//! mlx-lm's `KVCache`: a buffer grown in steps of 256 rows; reads return `[:offset]` views.
+
+use mlx_core::{concatenate, Array};
+
+use super::CacheError;
+
+const STEP: i32 = 256;
+
+/// Full-attention KV cache.
+#[derive(Clone, Debug, Default)]
+pub struct KvCache {
+    keys: Option<Array>,   // [B, H, capacity, Dk]
+    values: Option<Array>, // [B, H, capacity, Dv]
+    offset: usize,
+}
+
+impl KvCache {
+    /// An empty cache.
+    pub fn new() -> KvCache {
+        KvCache::default()
+    }
+
+    /// Tokens written.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Writes k, v [B, H, S, D] at `offset` and returns `[:offset]` (or the whole buffer when full).
+    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
+        let prev = self.offset as i32;
+        let s = k.dim(2).unwrap_or(0);
+        let capacity = self.keys.as_ref().and_then(|a| a.dim(2)).unwrap_or(0);
+        if self.keys.is_none() || prev + s > capacity {
+            let (kshape, vshape) = (k.shape(), v.shape());
+            let n_steps = (STEP + s - 1) / STEP;
+            let new_k = Array::zeros(&[kshape[0], kshape[1], n_steps * STEP, kshape[3]], k.dtype())?;
+            let new_v = Array::zeros(&[vshape[0], vshape[1], n_steps * STEP, vshape[3]], v.dtype())?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(mut ok), Some(mut ov)) => {
+                    if prev % STEP != 0 {
+                        ok = ok.slice_axis(2, 0, prev)?;
+                        ov = ov.slice_axis(2, 0, prev)?;
+                    }
+                    self.keys = Some(concatenate(&[&ok, &new_k], 2)?);
+                    self.values = Some(concatenate(&[&ov, &new_v], 2)?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+        }
+        self.offset += s as usize;
+        let end = self.offset as i32;
+        let (keys, values) = (self.keys.as_ref().unwrap_or(k), self.values.as_ref().unwrap_or(v));
+        let keys = write_rows(keys, k, prev, end)?;
+        let values = write_rows(values, v, prev, end)?;
+        self.keys = Some(keys);
+        self.values = Some(values);
+        self.fetch()
+    }
+
+    fn fetch(&self) -> mlx_core::Result<(Array, Array)> {
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Err(mlx_core::Error::Host { op: "KvCache::fetch", detail: "empty cache".into() });
+        };
+        let off = self.offset as i32;
+        if off < k.dim(2).unwrap_or(0) {
+            Ok((k.slice_axis(2, 0, off)?, v.slice_axis(2, 0, off)?))
+        } else {
+            Ok((k.clone(), v.clone()))
+        }
+    }
+
+    pub(super) fn check_trim(&self, n: usize) -> Result<(), CacheError> {
+        if n > self.offset {
+            return Err(CacheError::TrimBeyondLen { requested: n, len: self.offset });
+        }
+        Ok(())
+    }
+
+    /// mlx-lm's trim: only the offset moves; later writes overwrite the tail.
+    pub(super) fn apply_trim(&mut self, n: usize) {
+        self.offset -= n.min(self.offset);
+    }
+
+    pub(super) fn retained(&self) -> mlx_core::Result<Option<(Array, Array)>> {
+        if self.offset == 0 {
+            return Ok(None);
+        }
+        self.fetch().map(Some)
+    }
+
+    pub(super) fn state(&self) -> Vec<&Array> {
+        self.keys.iter().chain(self.values.iter()).collect()
+    }
+}
+
+/// `buf[..., start:end, :] = rows`
+pub(super) fn write_rows(buf: &Array, rows: &Array, start: i32, end: i32) -> mlx_core::Result<Array> {
+    let shape = buf.shape();
+    let lo = [0, 0, start, 0];
+    let hi = [shape[0], shape[1], end, shape[3]];
+    buf.slice_update(rows, &lo, &hi, &[1, 1, 1, 1])
+}

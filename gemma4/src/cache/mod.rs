@@ -1,0 +1,154 @@
+//! KV caches, replicating mlx-lm's `KVCache` and `RotatingKVCache` buffer layouts exactly
+//! (gemma4.md §5): SDPA sums over keys in buffer order, so the layout is part of the numerics.
+//!
+//! Rollback (`trim`) is all-or-nothing across layers: `can_trim` checks every layer before
+//! `trim` changes any. A rotating cache can always be trimmed by up to the size of its last
+//! multi-token write, even after the ring wrapped (the speculative verify case, §5.6); other
+//! trims are legal only before the ring wraps, as in mlx-lm.
+
+mod full;
+mod rotating;
+
+pub use full::KvCache;
+pub use rotating::RotatingKvCache;
+
+use mlx_core::Array;
+
+use crate::config::{LayerKind, TextConfig};
+
+/// Why a rollback was refused. Nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheError {
+    #[error("cannot trim {requested} tokens from a cache holding {len}")]
+    TrimBeyondLen { requested: usize, len: usize },
+    #[error(
+        "cannot trim {requested} tokens from a sliding-window cache of window {window} at offset {offset}: \
+         the ring has wrapped and the last multi-token write was {last_write} tokens"
+    )]
+    TrimAfterWrap { requested: usize, offset: usize, window: usize, last_write: usize },
+}
+
+/// The cache of one donor layer.
+#[derive(Clone, Debug)]
+pub enum LayerCache {
+    Full(KvCache),
+    Rotating(RotatingKvCache),
+}
+
+impl LayerCache {
+    /// Writes k, v [B, H, S, D] and returns the K/V the layer attends to.
+    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
+        match self {
+            LayerCache::Full(c) => c.update_and_fetch(k, v),
+            LayerCache::Rotating(c) => c.update_and_fetch(k, v),
+        }
+    }
+
+    /// Tokens written so far (the RoPE offset of the next token).
+    pub fn offset(&self) -> usize {
+        match self {
+            LayerCache::Full(c) => c.offset(),
+            LayerCache::Rotating(c) => c.offset(),
+        }
+    }
+
+    /// Whether `trim(n)` would succeed.
+    pub fn check_trim(&self, n: usize) -> Result<(), CacheError> {
+        match self {
+            LayerCache::Full(c) => c.check_trim(n),
+            LayerCache::Rotating(c) => c.check_trim(n),
+        }
+    }
+
+    fn apply_trim(&mut self, n: usize) -> mlx_core::Result<()> {
+        match self {
+            LayerCache::Full(c) => {
+                c.apply_trim(n);
+                Ok(())
+            }
+            LayerCache::Rotating(c) => c.apply_trim(n),
+        }
+    }
+
+    /// The retained rows in temporal order (for tests and debugging; does not mutate).
+    pub fn retained(&self) -> mlx_core::Result<Option<(Array, Array)>> {
+        match self {
+            LayerCache::Full(c) => c.retained(),
+            LayerCache::Rotating(c) => c.retained(),
+        }
+    }
+
+    /// The arrays that hold the cache state, for `eval`.
+    pub fn state(&self) -> Vec<&Array> {
+        match self {
+            LayerCache::Full(c) => c.state(),
+            LayerCache::Rotating(c) => c.state(),
+        }
+    }
+}
+
+/// One cache per donor (non-KV-shared) layer, in layer order.
+#[derive(Clone, Debug)]
+pub struct Cache {
+    layers: Vec<LayerCache>,
+}
+
+impl Cache {
+    /// mlx-lm's `make_cache`: `KVCache` for full layers, `RotatingKVCache(sliding_window)` for
+    /// sliding ones, none for KV-shared layers.
+    pub fn new(cfg: &TextConfig) -> Cache {
+        let layers = cfg.layers[..cfg.first_kv_shared]
+            .iter()
+            .map(|l| match l.kind {
+                LayerKind::Full => LayerCache::Full(KvCache::new()),
+                LayerKind::Sliding => LayerCache::Rotating(RotatingKvCache::new(cfg.sliding_window)),
+            })
+            .collect();
+        Cache { layers }
+    }
+
+    /// Number of layer caches.
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// True if there are no layer caches.
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// Tokens written (equal across layers).
+    pub fn offset(&self) -> usize {
+        self.layers.first().map(LayerCache::offset).unwrap_or(0)
+    }
+
+    /// Cache `i`.
+    pub fn layer(&self, i: usize) -> Option<&LayerCache> {
+        self.layers.get(i)
+    }
+
+    pub(crate) fn layer_mut(&mut self, i: usize) -> Option<&mut LayerCache> {
+        self.layers.get_mut(i)
+    }
+
+    /// Whether every layer can drop its newest `n` tokens.
+    pub fn can_trim(&self, n: usize) -> Result<(), CacheError> {
+        self.layers.iter().try_for_each(|l| l.check_trim(n))
+    }
+
+    /// Drops the newest `n` tokens from every layer, or from none (returns the refusal).
+    pub fn trim(&mut self, n: usize) -> crate::Result<()> {
+        self.can_trim(n)?;
+        for l in &mut self.layers {
+            l.apply_trim(n)?;
+        }
+        Ok(())
+    }
+
+    /// Evaluates the cache buffers (mlx-lm evals cache state after each prefill chunk).
+    pub fn eval(&self) -> mlx_core::Result<()> {
+        let state: Vec<&Array> = self.layers.iter().flat_map(|l| l.state()).collect();
+        mlx_core::eval(&state)
+    }
+}

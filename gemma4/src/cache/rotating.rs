@@ -1,0 +1,212 @@
+//! mlx-lm's `RotatingKVCache(max_size, keep=0)` (gemma4.md §5.3), plus an exact rollback right
+//! after a multi-token write that also works once the ring has wrapped (§5.6).
+//!
+//! Layout rules, which decide what SDPA sees:
+//! - a multi-token write (prefill chunk, verify batch) reorders the buffer temporally, keeps at
+//!   most `max_size − 1` old rows and appends the new ones: the result can be longer than the
+//!   window, and the sliding mask hides what each query must not see;
+//! - a single-token write grows the buffer in 256-row steps up to `max_size`, then overwrites
+//!   the oldest row in ring order and returns the whole ring.
+//!
+//! Rollback invariant: right after a multi-token write of S rows the buffer is in temporal
+//! order and ends with exactly those S rows, so dropping its last n ≤ S − 1 rows physically
+//! leaves every row any later query may see (`spec_budget` tracks how many may still go).
+//! Other trims are only legal before the ring wraps (`offset < max_size`), as in mlx-lm.
+
+use mlx_core::{concatenate, Array};
+
+use super::full::write_rows;
+use super::CacheError;
+
+const STEP: i32 = 256;
+
+/// Sliding-window KV cache.
+#[derive(Clone, Debug)]
+pub struct RotatingKvCache {
+    keys: Option<Array>,   // [B, H, buf, Dk]
+    values: Option<Array>, // [B, H, buf, Dv]
+    offset: usize,
+    idx: i32,
+    max_size: i32,
+    spec_budget: usize,
+}
+
+impl RotatingKvCache {
+    /// An empty cache of window `max_size`.
+    pub fn new(max_size: usize) -> RotatingKvCache {
+        RotatingKvCache { keys: None, values: None, offset: 0, idx: 0, max_size: max_size as i32, spec_budget: 0 }
+    }
+
+    /// Tokens written.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The window.
+    pub fn max_size(&self) -> usize {
+        self.max_size as usize
+    }
+
+    /// Rows in the buffer.
+    pub fn buffer_len(&self) -> usize {
+        self.keys.as_ref().and_then(|k| k.dim(2)).unwrap_or(0) as usize
+    }
+
+    /// Writes k, v [B, H, S, D]; S == 1 takes the in-place path, S > 1 the concat path.
+    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
+        if k.dim(2) == Some(1) {
+            self.update_in_place(k, v)
+        } else {
+            self.update_concat(k, v)
+        }
+    }
+
+    fn temporal_order(&self, buf: &Array) -> mlx_core::Result<Array> {
+        let len = buf.dim(2).unwrap_or(0);
+        if self.idx == len {
+            Ok(buf.clone())
+        } else if (self.idx as usize) < self.offset {
+            concatenate(&[&buf.slice_axis(2, self.idx, len)?, &buf.slice_axis(2, 0, self.idx)?], 2)
+        } else {
+            buf.slice_axis(2, 0, self.idx)
+        }
+    }
+
+    /// Drops the oldest `trim` rows (keep = 0) and appends `append`.
+    fn trim_front(trim: i32, buf: &Array, append: Option<&Array>) -> mlx_core::Result<Array> {
+        let len = buf.dim(2).unwrap_or(0);
+        let kept = if trim > 0 { buf.slice_axis(2, trim, len)? } else { buf.clone() };
+        match append {
+            Some(a) => concatenate(&[&kept, a], 2),
+            None => Ok(kept),
+        }
+    }
+
+    fn update_concat(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
+        let s = k.dim(2).unwrap_or(0);
+        match (self.keys.take(), self.values.take()) {
+            (Some(ok), Some(ov)) => {
+                let ok = self.temporal_order(&ok)?;
+                let ov = self.temporal_order(&ov)?;
+                self.idx = ok.dim(2).unwrap_or(0);
+                // At most max_size − 1 old rows, so every new token still sees a full window.
+                let trim = self.idx - self.max_size + 1;
+                self.keys = Some(Self::trim_front(trim, &ok, Some(k))?);
+                self.values = Some(Self::trim_front(trim, &ov, Some(v))?);
+            }
+            _ => {
+                self.keys = Some(k.clone());
+                self.values = Some(v.clone());
+            }
+        }
+        self.offset += s as usize;
+        self.idx = self.buffer_len() as i32;
+        self.spec_budget = (s as usize).saturating_sub(1);
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => Ok((k.clone(), v.clone())),
+            _ => Err(mlx_core::Error::Host { op: "RotatingKvCache", detail: "empty after write".into() }),
+        }
+    }
+
+    fn update_in_place(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
+        let prev = self.offset as i32;
+        let len = self.buffer_len() as i32;
+        if self.keys.is_none() || (prev >= len && len < self.max_size) {
+            let new_size = STEP.min(self.max_size - prev);
+            let (ks, vs) = (k.shape(), v.shape());
+            let new_k = Array::zeros(&[ks[0], ks[1], new_size, ks[3]], k.dtype())?;
+            let new_v = Array::zeros(&[vs[0], vs[1], new_size, vs[3]], v.dtype())?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(ok), Some(ov)) => {
+                    self.keys = Some(concatenate(&[&ok, &new_k], 2)?);
+                    self.values = Some(concatenate(&[&ov, &new_v], 2)?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+            self.idx = prev;
+        }
+        let (Some(mut keys), Some(mut values)) = (self.keys.take(), self.values.take()) else {
+            return Err(mlx_core::Error::Host { op: "RotatingKvCache", detail: "buffer missing".into() });
+        };
+        let trim = keys.dim(2).unwrap_or(0) - self.max_size;
+        if trim > 0 {
+            keys = Self::trim_front(trim, &keys, None)?;
+            values = Self::trim_front(trim, &values, None)?;
+            self.idx = self.max_size;
+        }
+        if self.idx == self.max_size {
+            self.idx = 0; // the ring wraps
+        }
+        keys = write_rows(&keys, k, self.idx, self.idx + 1)?;
+        values = write_rows(&values, v, self.idx, self.idx + 1)?;
+        self.offset += 1;
+        self.idx += 1;
+        self.spec_budget = 0;
+        let buf = keys.dim(2).unwrap_or(0);
+        let out = if (self.offset as i32) < buf {
+            (keys.slice_axis(2, 0, self.offset as i32)?, values.slice_axis(2, 0, self.offset as i32)?)
+        } else {
+            (keys.clone(), values.clone())
+        };
+        self.keys = Some(keys);
+        self.values = Some(values);
+        Ok(out)
+    }
+
+    /// mlx-lm's `is_trimmable`: the ring has not wrapped.
+    pub fn is_trimmable(&self) -> bool {
+        (self.offset as i32) < self.max_size
+    }
+
+    pub(super) fn check_trim(&self, n: usize) -> Result<(), CacheError> {
+        if n > self.offset {
+            return Err(CacheError::TrimBeyondLen { requested: n, len: self.offset });
+        }
+        if n == 0 || n <= self.spec_budget || self.is_trimmable() {
+            return Ok(());
+        }
+        Err(CacheError::TrimAfterWrap {
+            requested: n,
+            offset: self.offset,
+            window: self.max_size as usize,
+            last_write: self.spec_budget + 1,
+        })
+    }
+
+    pub(super) fn apply_trim(&mut self, n: usize) -> mlx_core::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if n <= self.spec_budget {
+            // Physically drop the rejected rows; the buffer stays temporal with idx == len.
+            let keep = self.buffer_len() as i32 - n as i32;
+            if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+                let (k, v) = (k.slice_axis(2, 0, keep)?, v.slice_axis(2, 0, keep)?);
+                self.keys = Some(k);
+                self.values = Some(v);
+            }
+            self.idx = keep;
+            self.spec_budget -= n;
+        } else {
+            // mlx-lm's logical trim (valid before the wrap only; `check_trim` ensured it).
+            self.idx -= n as i32;
+            self.spec_budget = 0;
+        }
+        self.offset -= n;
+        Ok(())
+    }
+
+    pub(super) fn retained(&self) -> mlx_core::Result<Option<(Array, Array)>> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if self.offset > 0 => Ok(Some((self.temporal_order(k)?, self.temporal_order(v)?))),
+            _ => Ok(None),
+        }
+    }
+
+    pub(super) fn state(&self) -> Vec<&Array> {
+        self.keys.iter().chain(self.values.iter()).collect()
+    }
+}

@@ -1,0 +1,192 @@
+//! Plain decoding with mlx-lm's `generate_step` call pattern (gemma4.md §6.1): prefill all but
+//! the last prompt token in chunks, run the last token alone, then one token per step; the next
+//! step is scheduled before the current token is read back, so the host never idles the device.
+
+use std::time::Instant;
+
+use mlx_core::{async_eval, Array, Dtype};
+
+use crate::cache::Cache;
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::sampling::{logprobs, Sampler, SamplerConfig};
+
+/// Settings of a generation.
+#[derive(Clone, Debug)]
+pub struct GenerateConfig {
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    pub seed: u64,
+    /// Prefill chunk size (mlx-lm's `prefill_step_size`, 2048).
+    pub prefill_step: usize,
+    /// Generation stops after emitting any of these (the token is not returned).
+    pub stop_tokens: Vec<u32>,
+}
+
+impl Default for GenerateConfig {
+    fn default() -> Self {
+        GenerateConfig { max_tokens: 256, sampler: SamplerConfig::default(), seed: 0, prefill_step: 2048, stop_tokens: Vec::new() }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was produced.
+    Stop,
+    /// `max_tokens` were produced.
+    Length,
+}
+
+/// Timing and counts of one generation.
+#[derive(Clone, Debug, Default)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Prompt processing through the first generated token.
+    pub prefill_ms: f64,
+    /// Everything after the first token.
+    pub decode_ms: f64,
+}
+
+impl GenerateStats {
+    /// Tokens per second after the first token.
+    pub fn decode_tok_per_s(&self) -> f64 {
+        let n = self.generated_tokens.saturating_sub(1) as f64;
+        if self.decode_ms > 0.0 {
+            n / (self.decode_ms / 1000.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// Prompt tokens per second.
+    pub fn prefill_tok_per_s(&self) -> f64 {
+        if self.prefill_ms > 0.0 {
+            self.prompt_tokens as f64 / (self.prefill_ms / 1000.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Result of `generate`.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub stats: GenerateStats,
+}
+
+/// Token ids as a [1, L] uint32 array.
+pub fn ids_array(ids: &[u32]) -> Result<Array> {
+    Ok(Array::from_slice(ids, &[1, ids.len() as i32])?)
+}
+
+/// Runs the prompt through the model: chunks of `step` for all but the last token (evaluating
+/// the cache after each), then the last token alone. Returns its logits // [1, V]
+pub fn prefill(model: &Model, cache: &mut Cache, prompt: &[u32], step: usize) -> Result<Array> {
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(Error::Input { op: "prefill", detail: "the prompt is empty".into() });
+    };
+    let vocab = model.config().vocab_size as u32;
+    if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
+        return Err(Error::Input { op: "prefill", detail: format!("token id {bad} is outside the vocabulary of {vocab}") });
+    }
+    let step = step.max(1);
+    for chunk in head.chunks(step) {
+        model.forward(&ids_array(chunk)?, Some(cache))?;
+        cache.eval()?;
+    }
+    step_logits(model, cache, &ids_array(&[last])?)
+}
+
+/// One token through the model // token [1, 1] -> logits [1, V]
+pub fn step_logits(model: &Model, cache: &mut Cache, token: &Array) -> Result<Array> {
+    let hidden = model.forward(token, Some(cache))?;
+    let l = hidden.dim(1).unwrap_or(1);
+    let last = hidden.slice_axis(1, l - 1, l)?.squeeze(1)?; // [1, H]
+    model.logits_from_hidden(&last)
+}
+
+/// One decoded token and the logprobs it was drawn from.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub token: u32,
+    /// The (unfiltered) logprobs of this step // [1, V]
+    pub logprobs: Array,
+}
+
+/// A token-at-a-time decoder with mlx-lm's pipelining: when a token is returned, the step that
+/// produces the next one is already scheduled on the device.
+pub struct Decoder<'m> {
+    model: &'m Model,
+    cache: Cache,
+    sampler: Sampler,
+    pending: Option<(Array, Array)>, // (token [1], logprobs [1, V]), scheduled
+    remaining: usize,
+}
+
+impl<'m> Decoder<'m> {
+    /// Prefills `prompt` and schedules the first token; at most `max_tokens` will be produced.
+    pub fn new(model: &'m Model, prompt: &[u32], cfg: &GenerateConfig) -> Result<Decoder<'m>> {
+        cfg.sampler.validate(model.config().vocab_size)?;
+        let mut sampler = Sampler::new(cfg.sampler.clone(), cfg.seed)?;
+        let mut cache = model.new_cache();
+        let mut pending = None;
+        if cfg.max_tokens > 0 {
+            let lp = logprobs(&prefill(model, &mut cache, prompt, cfg.prefill_step)?)?;
+            let y = sampler.sample(&lp)?;
+            async_eval(&[&y, &lp])?;
+            pending = Some((y, lp));
+        }
+        Ok(Decoder { model, cache, sampler, pending, remaining: cfg.max_tokens })
+    }
+
+    /// The next token, or None once `max_tokens` were produced.
+    pub fn next_step(&mut self) -> Result<Option<Step>> {
+        let Some((y, lp)) = self.pending.take() else { return Ok(None) };
+        self.remaining -= 1;
+        if self.remaining > 0 {
+            // Schedule the next step before reading this token back.
+            let logits = step_logits(self.model, &mut self.cache, &y.reshape(&[1, 1])?)?;
+            let nlp = logprobs(&logits)?;
+            let n = self.sampler.sample(&nlp)?;
+            async_eval(&[&n, &nlp])?;
+            self.pending = Some((n, nlp));
+        }
+        let token = y.astype(Dtype::U32)?.item::<u32>()?;
+        Ok(Some(Step { token, logprobs: lp }))
+    }
+
+    /// The cache (tokens written so far).
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+}
+
+/// Generates from `prompt`, calling `on_token` with each token as soon as it is known.
+pub fn generate(model: &Model, prompt: &[u32], cfg: &GenerateConfig, mut on_token: impl FnMut(u32)) -> Result<Generation> {
+    let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let t0 = Instant::now();
+    let mut dec = Decoder::new(model, prompt, cfg)?;
+    let mut tokens = Vec::new();
+    let mut t_first = None;
+    let finish = loop {
+        let Some(step) = dec.next_step()? else { break FinishReason::Length };
+        if t_first.is_none() {
+            t_first = Some(Instant::now());
+            stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        }
+        if cfg.stop_tokens.contains(&step.token) {
+            break FinishReason::Stop;
+        }
+        tokens.push(step.token);
+        on_token(step.token);
+    };
+    if let Some(t) = t_first {
+        stats.decode_ms = t.elapsed().as_secs_f64() * 1e3;
+    }
+    stats.generated_tokens = tokens.len();
+    Ok(Generation { tokens, finish, stats })
+}

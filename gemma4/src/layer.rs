@@ -1,0 +1,123 @@
+//! One decoder layer (gemma4.md §3.4): attention and FFN sandwiches of RMSNorms, optional MoE
+//! branch, optional per-layer-embedding gate, then `h · layer_scalar`.
+
+use mlx_core::{fast, gelu_approx, Array};
+
+use crate::attention::{Attention, SharedKv};
+use crate::cache::LayerCache;
+use crate::config::{LayerSpec, TextConfig};
+use crate::error::{Error, Result};
+use crate::linear::Linear;
+use crate::mask::AttnMask;
+use crate::mlp::Mlp;
+use crate::moe::{Experts, Router};
+use crate::weights::WeightMap;
+
+struct Moe {
+    router: Router,
+    experts: Experts,
+    post_feedforward_layernorm_1: Array,
+    post_feedforward_layernorm_2: Array,
+    pre_feedforward_layernorm_2: Array,
+}
+
+struct PleGate {
+    per_layer_input_gate: Linear,
+    per_layer_projection: Linear,
+    post_per_layer_input_norm: Array,
+}
+
+/// A decoder layer.
+pub struct DecoderLayer {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: Array,
+    post_attention_layernorm: Array,
+    pre_feedforward_layernorm: Array,
+    post_feedforward_layernorm: Array,
+    moe: Option<Moe>,
+    ple: Option<PleGate>,
+    layer_scalar: Array,
+    eps: f32,
+}
+
+impl DecoderLayer {
+    /// Loads `layers.{i}.*`.
+    pub fn load(wm: &mut WeightMap, cfg: &TextConfig, i: usize, spec: &LayerSpec) -> Result<DecoderLayer> {
+        let prefix = format!("layers.{i}");
+        let h = cfg.hidden_size;
+        let eps = cfg.rms_norm_eps;
+        let norm = |wm: &mut WeightMap, n: &str, d: usize| wm.get_shaped(&format!("{prefix}.{n}.weight"), &[d as i32]);
+        let moe = if cfg.enable_moe_block {
+            let (Some(e), Some(k), Some(w)) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size) else {
+                return Err(Error::Unsupported { feature: "MoE", detail: "config lacks num_experts/top_k_experts/moe_intermediate_size".into() });
+            };
+            Some(Moe {
+                router: Router::load(wm, &prefix, h, e, k, eps)?,
+                experts: Experts::load(wm, &prefix, h, w, e)?,
+                post_feedforward_layernorm_1: norm(wm, "post_feedforward_layernorm_1", h)?,
+                post_feedforward_layernorm_2: norm(wm, "post_feedforward_layernorm_2", h)?,
+                pre_feedforward_layernorm_2: norm(wm, "pre_feedforward_layernorm_2", h)?,
+            })
+        } else {
+            None
+        };
+        let ple = if cfg.has_ple() {
+            let p = cfg.hidden_size_per_layer_input;
+            Some(PleGate {
+                per_layer_input_gate: Linear::load(wm, &format!("{prefix}.per_layer_input_gate"), p, h)?,
+                per_layer_projection: Linear::load(wm, &format!("{prefix}.per_layer_projection"), h, p)?,
+                post_per_layer_input_norm: norm(wm, "post_per_layer_input_norm", h)?,
+            })
+        } else {
+            None
+        };
+        Ok(DecoderLayer {
+            self_attn: Attention::load(wm, &prefix, spec, h, eps)?,
+            mlp: Mlp::load(wm, &format!("{prefix}.mlp"), h, spec.mlp_width)?,
+            input_layernorm: norm(wm, "input_layernorm", h)?,
+            post_attention_layernorm: norm(wm, "post_attention_layernorm", h)?,
+            pre_feedforward_layernorm: norm(wm, "pre_feedforward_layernorm", h)?,
+            post_feedforward_layernorm: norm(wm, "post_feedforward_layernorm", h)?,
+            moe,
+            ple,
+            layer_scalar: wm.get_shaped(&format!("{prefix}.layer_scalar"), &[1])?,
+            eps,
+        })
+    }
+
+    fn norm(&self, x: &Array, w: &Array) -> Result<Array> {
+        Ok(fast::rms_norm(x, Some(w), self.eps)?)
+    }
+
+    /// x [B, L, H] -> ([B, L, H], K/V for sharers)
+    pub fn forward(
+        &self,
+        x: &Array,
+        mask: &AttnMask,
+        cache: Option<&mut LayerCache>,
+        per_layer_input: Option<&Array>,
+        shared: Option<&SharedKv>,
+    ) -> Result<(Array, SharedKv)> {
+        let (a, kv) = self.self_attn.forward(&self.norm(x, &self.input_layernorm)?, mask, cache, shared)?;
+        let h = x.add(&self.norm(&a, &self.post_attention_layernorm)?)?;
+        let f = match &self.moe {
+            Some(m) => {
+                let h1 = self.mlp.forward(&self.norm(&h, &self.pre_feedforward_layernorm)?)?;
+                let h1 = self.norm(&h1, &m.post_feedforward_layernorm_1)?;
+                let (idx, w) = m.router.forward(&h)?; // the router reads the un-normed residual
+                let h2 = m.experts.forward(&self.norm(&h, &m.pre_feedforward_layernorm_2)?, &idx, &w)?;
+                let h2 = self.norm(&h2, &m.post_feedforward_layernorm_2)?;
+                h1.add(&h2)?
+            }
+            None => self.mlp.forward(&self.norm(&h, &self.pre_feedforward_layernorm)?)?,
+        };
+        let mut h = h.add(&self.norm(&f, &self.post_feedforward_layernorm)?)?;
+        if let (Some(g), Some(pli)) = (&self.ple, per_layer_input) {
+            let gate = gelu_approx(&g.per_layer_input_gate.forward(&h)?)?.multiply(pli)?;
+            let gate = self.norm(&g.per_layer_projection.forward(&gate)?, &g.post_per_layer_input_norm)?;
+            h = h.add(&gate)?;
+        }
+        Ok((h.multiply(&self.layer_scalar)?, kv))
+    }
+}

@@ -1,0 +1,62 @@
+//! Linear layers and embedding tables, dense or quantized as a value (not a second model file).
+
+use mlx_core::Array;
+
+use crate::error::Result;
+use crate::weights::{LinearWeights, WeightMap};
+
+/// `nn.Linear` without bias, or `nn.QuantizedLinear`.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    w: LinearWeights,
+}
+
+impl Linear {
+    /// Loads `module.weight` (and `.scales`/`.biases` when quantized) for a [out, in] layer.
+    pub fn load(wm: &mut WeightMap, module: &str, out: usize, inp: usize) -> Result<Linear> {
+        Ok(Linear { w: wm.linear(module, out, inp)? })
+    }
+
+    /// `x @ Wᵀ` // [.., in] -> [.., out]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        Ok(match &self.w {
+            LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
+            LinearWeights::Quantized(q) => q.matmul_t(x)?,
+        })
+    }
+}
+
+/// `nn.Embedding` or `nn.QuantizedEmbedding` (gather, then dequantize).
+#[derive(Clone, Debug)]
+pub struct Embedding {
+    w: LinearWeights,
+}
+
+impl Embedding {
+    /// Loads a [rows, dims] table.
+    pub fn load(wm: &mut WeightMap, module: &str, rows: usize, dims: usize) -> Result<Embedding> {
+        Ok(Embedding { w: wm.linear(module, rows, dims)? })
+    }
+
+    /// Rows at `ids` // [B, L] -> [B, L, dims]
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        Ok(match &self.w {
+            LinearWeights::Dense(w) => w.take(ids, 0)?,
+            LinearWeights::Quantized(q) => {
+                let mut shape = ids.shape();
+                let flat = ids.reshape(&[-1])?;
+                let rows = q.gather_rows(&flat)?;
+                shape.push(-1);
+                rows.reshape(&shape)?
+            }
+        })
+    }
+
+    /// The tied head: `x @ Eᵀ` // [.., dims] -> [.., rows]
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        Ok(match &self.w {
+            LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
+            LinearWeights::Quantized(q) => q.matmul_t(x)?,
+        })
+    }
+}

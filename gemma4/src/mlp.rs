@@ -1,0 +1,33 @@
+//! The dense GeGLU MLP: down(gelu_approx(gate(x)) · up(x)).
+
+use mlx_core::{gelu_approx, Array};
+
+use crate::error::Result;
+use crate::linear::Linear;
+use crate::weights::WeightMap;
+
+/// Gated MLP.
+pub struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    /// Loads `prefix.mlp.*` of width `width`.
+    pub fn load(wm: &mut WeightMap, prefix: &str, hidden: usize, width: usize) -> Result<Mlp> {
+        let p = |n: &str| format!("{prefix}.{n}");
+        Ok(Mlp {
+            gate_proj: Linear::load(wm, &p("gate_proj"), width, hidden)?,
+            up_proj: Linear::load(wm, &p("up_proj"), width, hidden)?,
+            down_proj: Linear::load(wm, &p("down_proj"), hidden, width)?,
+        })
+    }
+
+    /// [B, L, H] -> [B, L, H]
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let g = gelu_approx(&self.gate_proj.forward(x)?)?;
+        let h = g.multiply(&self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&h)
+    }
+}

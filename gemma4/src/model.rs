@@ -1,0 +1,227 @@
+//! The Gemma-4 text model (mlx-lm `gemma4_text.Model`, gemma4.md §3). The forward returns the
+//! post-norm hidden for **all** positions; the LM head is a separate call, and caches are passed
+//! in, so a verifier can score many positions in one forward.
+
+use std::path::Path;
+
+use mlx_core::{concatenate, fast, Array};
+
+use crate::attention::SharedKv;
+use crate::cache::Cache;
+use crate::config::{KvSource, LayerKind, TextConfig};
+use crate::error::{Error, Result};
+use crate::layer::DecoderLayer;
+use crate::linear::{Embedding, Linear};
+use crate::mask::{self, AttnMask};
+use crate::tap::{TapPoint, TapSet};
+use crate::weights::WeightMap;
+
+/// Per-layer embeddings (E2B/E4B, §3.2).
+struct Ple {
+    embed_tokens_per_layer: Embedding,
+    per_layer_model_projection: Linear,
+    per_layer_projection_norm: Array,
+}
+
+/// What a tapped forward returns.
+#[derive(Clone, Debug)]
+pub struct ForwardOutput {
+    /// Post-final-norm hidden states // [B, L, H]
+    pub hidden: Array,
+    /// The tapped states concatenated in `TapSet` order // [B, L, H · taps]; None if no taps.
+    pub taps: Option<Array>,
+}
+
+/// A loaded Gemma-4 text model.
+pub struct Model {
+    cfg: TextConfig,
+    embed_tokens: Embedding,
+    ple: Option<Ple>,
+    layers: Vec<DecoderLayer>,
+    norm: Array,
+    lm_head: Option<Linear>,
+}
+
+impl Model {
+    /// Reads `dir/config.json` and the weights.
+    pub fn load(dir: &Path) -> Result<Model> {
+        let cfg = TextConfig::from_dir(dir)?;
+        let mut wm = WeightMap::load(dir, &cfg)?;
+        let model = Model::from_weights(cfg, &mut wm)?;
+        wm.finish()?;
+        Ok(model)
+    }
+
+    /// Builds the model from sanitized weights (takes every tensor it needs from `wm`).
+    pub fn from_weights(cfg: TextConfig, wm: &mut WeightMap) -> Result<Model> {
+        let h = cfg.hidden_size;
+        let embed_tokens = Embedding::load(wm, "embed_tokens", cfg.vocab_size, h)?;
+        let ple = if cfg.has_ple() {
+            let width = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input;
+            Some(Ple {
+                embed_tokens_per_layer: Embedding::load(wm, "embed_tokens_per_layer", cfg.vocab_size_per_layer_input, width)?,
+                per_layer_model_projection: Linear::load(wm, "per_layer_model_projection", width, h)?,
+                per_layer_projection_norm: wm
+                    .get_shaped("per_layer_projection_norm.weight", &[cfg.hidden_size_per_layer_input as i32])?,
+            })
+        } else {
+            None
+        };
+        let layers = cfg
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| DecoderLayer::load(wm, &cfg, i, spec))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = wm.get_shaped("norm.weight", &[h as i32])?;
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(Linear::load(wm, "lm_head", cfg.vocab_size, h)?) };
+        Ok(Model { cfg, embed_tokens, ple, layers, norm, lm_head })
+    }
+
+    /// The validated config.
+    pub fn config(&self) -> &TextConfig {
+        &self.cfg
+    }
+
+    /// A fresh cache list for this model.
+    pub fn new_cache(&self) -> Cache {
+        Cache::new(&self.cfg)
+    }
+
+    /// Scaled token embeddings `embed(ids) · √H` (weak scalar) // [B, L] -> [B, L, H]
+    pub fn embed(&self, ids: &Array) -> Result<Array> {
+        Ok(self.embed_tokens.forward(ids)?.mul_scalar((self.cfg.hidden_size as f64).sqrt())?)
+    }
+
+    /// Post-norm hidden states of every position // ids [B, L] -> [B, L, H]
+    pub fn forward(&self, ids: &Array, cache: Option<&mut Cache>) -> Result<Array> {
+        Ok(self.run(ids, cache, None)?.hidden)
+    }
+
+    /// Like `forward`, also returning the hidden states at `taps`.
+    pub fn forward_tapped(&self, ids: &Array, cache: Option<&mut Cache>, taps: &TapSet) -> Result<ForwardOutput> {
+        self.run(ids, cache, Some(taps))
+    }
+
+    /// Tied head (or lm_head) plus softcap // [.., H] -> [.., V]
+    pub fn logits_from_hidden(&self, hidden: &Array) -> Result<Array> {
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(hidden)?,
+            None => self.embed_tokens.as_linear(hidden)?,
+        };
+        Ok(match self.cfg.final_logit_softcapping {
+            Some(c) => logits.div_scalar(c as f64)?.tanh()?.mul_scalar(c as f64)?,
+            None => logits,
+        })
+    }
+
+    /// `logits_from_hidden(forward(ids))` // [B, L] -> [B, L, V]
+    pub fn logits(&self, ids: &Array, cache: Option<&mut Cache>) -> Result<Array> {
+        self.logits_from_hidden(&self.forward(ids, cache)?)
+    }
+
+    fn per_layer_inputs(&self, ids: &Array, h: &Array) -> Result<Option<Array>> {
+        let Some(ple) = &self.ple else { return Ok(None) };
+        let cfg = &self.cfg;
+        let (nl, p) = (cfg.num_hidden_layers as i32, cfg.hidden_size_per_layer_input as i32);
+        let s = ids.shape();
+        // Token-identity part: embed_per_layer(ids) · √P // [B, L, nL, P]
+        let pli = ple.embed_tokens_per_layer.forward(ids)?.mul_scalar((p as f64).sqrt())?;
+        let pli = pli.reshape(&[s[0], s[1], nl, p])?;
+        // Context part from the *scaled* embeddings: RMSNorm(proj(h) · H^-0.5)
+        let proj = ple.per_layer_model_projection.forward(h)?.mul_scalar((cfg.hidden_size as f64).powf(-0.5))?;
+        let proj = proj.reshape(&[s[0], s[1], nl, p])?;
+        let proj = fast::rms_norm(&proj, Some(&ple.per_layer_projection_norm), cfg.rms_norm_eps)?;
+        Ok(Some(proj.add(&pli)?.mul_scalar(2f64.powf(-0.5))?))
+    }
+
+    fn run(&self, ids: &Array, mut cache: Option<&mut Cache>, taps: Option<&TapSet>) -> Result<ForwardOutput> {
+        let s = ids.shape();
+        if s.len() != 2 {
+            return Err(Error::Input { op: "forward", detail: format!("token ids must be [B, L], got {s:?}") });
+        }
+        let (b, l) = (s[0], s[1]);
+        if let Some(c) = cache.as_deref() {
+            if c.len() != self.cfg.num_caches() {
+                return Err(Error::Input {
+                    op: "forward",
+                    detail: format!("cache has {} layers, model needs {}", c.len(), self.cfg.num_caches()),
+                });
+            }
+        }
+        let h0 = self.embed(ids)?;
+        let ple = self.per_layer_inputs(ids, &h0)?;
+
+        // One mask per layer kind, from the first layer of that kind (mlx-lm `_make_masks`).
+        let n = l as usize;
+        let first_cache = |kind: LayerKind| {
+            let i = self.cfg.layers.iter().position(|x| x.kind == kind)?;
+            match self.cfg.layers[i].kv {
+                KvSource::Own { cache_index } => cache.as_deref().and_then(|c| c.layer(cache_index)),
+                KvSource::Shared { .. } => None,
+            }
+        };
+        let full_mask = mask::full_mask(n, first_cache(LayerKind::Full))?;
+        let sliding_mask = mask::sliding_mask(n, first_cache(LayerKind::Sliding), self.cfg.sliding_window)?;
+
+        let mut captured: Vec<Option<Array>> = vec![None; taps.map(|t| t.points().len()).unwrap_or(0)];
+        let mut published: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
+        let mut h = h0;
+        for (i, (layer, spec)) in self.layers.iter().zip(&self.cfg.layers).enumerate() {
+            let m: &AttnMask = match spec.kind {
+                LayerKind::Full => &full_mask,
+                LayerKind::Sliding => &sliding_mask,
+            };
+            let pli = match &ple {
+                Some(p) => Some(p.slice_axis(2, i as i32, i as i32 + 1)?.reshape(&[b, l, -1])?),
+                None => None,
+            };
+            let (out, kv) = match spec.kv {
+                KvSource::Own { cache_index } => {
+                    let lc = match cache.as_deref_mut() {
+                        Some(c) => c.layer_mut(cache_index),
+                        None => None,
+                    };
+                    layer.forward(&h, m, lc, pli.as_ref(), None)?
+                }
+                KvSource::Shared { donor } => {
+                    let Some(shared) = published.get(donor).and_then(Option::as_ref) else {
+                        return Err(Error::Input { op: "forward", detail: format!("layer {i}: donor {donor} has not run") });
+                    };
+                    layer.forward(&h, m, None, pli.as_ref(), Some(shared))?
+                }
+            };
+            h = out;
+            if matches!(spec.kv, KvSource::Own { .. }) {
+                published[i] = Some(kv);
+            }
+            if let Some(t) = taps {
+                for slot in t.slots(TapPoint::Layer(i)) {
+                    captured[slot] = Some(h.clone());
+                }
+            }
+        }
+        let hidden = fast::rms_norm(&h, Some(&self.norm), self.cfg.rms_norm_eps)?;
+        let taps = match taps {
+            Some(t) if !t.is_empty() => {
+                for slot in t.slots(TapPoint::FinalNorm) {
+                    captured[slot] = Some(hidden.clone());
+                }
+                let parts: Vec<Array> = captured
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, a)| {
+                        a.ok_or_else(|| Error::Input {
+                            op: "forward_tapped",
+                            detail: format!("tap {:?} is not a layer of this model", t.points()[k]),
+                        })
+                    })
+                    .collect::<Result<_>>()?;
+                let refs: Vec<&Array> = parts.iter().collect();
+                Some(concatenate(&refs, -1)?)
+            }
+            _ => None,
+        };
+        Ok(ForwardOutput { hidden, taps })
+    }
+}

@@ -1,0 +1,34 @@
+//! The reference environment: a venv with the pinned mlx-lm and mlx wheels from PyPI. It is a
+//! gate dependency only; no crate links or imports it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// Pinned reference versions (gemma4.md: mlx-lm 0.32.2 on mlx 0.32.4).
+pub const PACKAGES: [&str; 3] = ["mlx==0.32.4", "mlx-cpu==0.32.4", "mlx-lm==0.32.2"];
+
+/// Creates (once) and returns the venv's python.
+pub fn ensure(dir: &Path) -> Result<PathBuf> {
+    let python = dir.join("bin/python");
+    let stamp = dir.join(format!(".installed-{}", PACKAGES.join("+")));
+    if python.is_file() && stamp.is_file() {
+        return Ok(python);
+    }
+    let host = std::env::var("PYTHON3").unwrap_or_else(|_| "python3".into());
+    eprintln!("xtask: creating the reference venv at {} ({})", dir.display(), PACKAGES.join(", "));
+    run(Command::new(&host).args(["-m", "venv"]).arg(dir)).context("creating the reference venv")?;
+    run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args(PACKAGES))
+        .context("installing mlx-lm into the reference venv")?;
+    std::fs::write(&stamp, b"ok")?;
+    Ok(python)
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
