@@ -1,1 +1,37 @@
-fn main() {}
+//! `dspark`: generate with a Gemma-4 target on MLX.
+
+mod default_model;
+mod generate;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "dspark", version, about = "Gemma-4 on MLX with lossless speculative decoding")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text (or token ids) from a prompt.
+    Generate(generate::Args),
+    /// Write (or rewrite) the embedded default checkpoint and print its path.
+    InitDefault {
+        /// Replace an existing default checkpoint.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Generate(args) => generate::run(args),
+        Cmd::InitDefault { force } => {
+            let dir = default_model::ensure(force)?;
+            println!("{}", dir.display());
+            Ok(())
+        }
+    }
+}

@@ -61,6 +61,12 @@ impl LayerCache {
         }
     }
 
+    /// Drops the newest `n` tokens, or refuses and changes nothing.
+    pub fn trim(&mut self, n: usize) -> crate::Result<()> {
+        self.check_trim(n)?;
+        Ok(self.apply_trim(n)?)
+    }
+
     fn apply_trim(&mut self, n: usize) -> mlx_core::Result<()> {
         match self {
             LayerCache::Full(c) => {

@@ -1,0 +1,286 @@
+//! Properties of the acceptance rules in `spec_decode::accept`, over small random vocabularies.
+//!
+//! Distributions come in two flavours: *dyadic* rows (every entry `k / 1024`, so they are exact
+//! in f32 and sum to exactly 1 in f64, which lets the losslessness identity be checked to 1e-9)
+//! and *float* rows (arbitrary weights normalised and rounded to f32, as a real softmax would
+//! give). Both put zeros in many rows.
+
+use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
+use spec_decode::accept::{
+    greedy_accept, residual, speculative_sample, step_distribution, NextToken, Verdict,
+};
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 256,
+        rng_seed: RngSeed::Fixed(0x5eed_acce_97ed),
+        // The seed is fixed, so a failure reproduces without a regressions file.
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+const DYADIC_DENOM: u32 = 1024;
+
+/// A distribution over `v` tokens with entries `k / 1024`. Cut points on a coarse grid collide
+/// often, which makes zero entries common.
+fn dyadic_dist(v: usize) -> impl Strategy<Value = Vec<f32>> {
+    prop_oneof![Just(4u32), Just(16u32), Just(DYADIC_DENOM)].prop_flat_map(move |grid| {
+        prop::collection::vec(0..=grid, v - 1).prop_map(move |mut cuts| {
+            cuts.sort_unstable();
+            let scale = DYADIC_DENOM / grid;
+            let mut prev = 0u32;
+            let mut row = Vec::with_capacity(v);
+            for c in cuts.into_iter().chain(std::iter::once(grid)) {
+                row.push(((c - prev) * scale) as f32 / DYADIC_DENOM as f32);
+                prev = c;
+            }
+            row
+        })
+    })
+}
+
+/// A distribution over `v` tokens from arbitrary weights (about a quarter of them zero),
+/// normalised in f64 and rounded to f32.
+fn float_dist(v: usize) -> impl Strategy<Value = Vec<f32>> {
+    (
+        prop::collection::vec((any::<bool>(), any::<bool>(), 1e-6f64..1.0), v),
+        0..v,
+    )
+        .prop_map(|(entries, keep)| {
+            let weights: Vec<f64> = entries
+                .iter()
+                .enumerate()
+                .map(|(i, &(a, b, w))| if i != keep && a && b { 0.0 } else { w })
+                .collect();
+            let total: f64 = weights.iter().sum();
+            weights.iter().map(|w| (w / total) as f32).collect()
+        })
+}
+
+fn any_dist(v: usize) -> BoxedStrategy<Vec<f32>> {
+    prop_oneof![dyadic_dist(v), float_dist(v)].boxed()
+}
+
+/// A token with positive probability in `row`, chosen by `pick`.
+fn token_with_mass(row: &[f32], pick: usize) -> u32 {
+    let support: Vec<usize> = (0..row.len()).filter(|&i| row[i] > 0.0).collect();
+    support[pick % support.len()] as u32
+}
+
+/// A uniform source cycling through `values` (all in [0, 1)).
+fn cycle(values: Vec<f32>) -> impl FnMut() -> f32 {
+    let mut i = 0;
+    move || {
+        let u = values[i % values.len()];
+        i += 1;
+        u
+    }
+}
+
+/// `d` drafts, `d + 1` target rows and `d` draft rows over a shared vocabulary of 2..12.
+#[derive(Debug, Clone)]
+struct Round {
+    drafts: Vec<u32>,
+    p_rows: Vec<Vec<f32>>,
+    q_rows: Vec<Vec<f32>>,
+}
+
+fn round(q_equals_p: bool) -> impl Strategy<Value = Round> {
+    (2usize..12, 0usize..6).prop_flat_map(move |(v, d)| {
+        (
+            prop::collection::vec(any_dist(v), d + 1),
+            prop::collection::vec(any_dist(v), d),
+            prop::collection::vec(any::<usize>(), d),
+        )
+            .prop_map(move |(p_rows, q_free, picks)| {
+                let q_rows = if q_equals_p {
+                    p_rows[..d].to_vec()
+                } else {
+                    q_free
+                };
+                let drafts = q_rows
+                    .iter()
+                    .zip(&picks)
+                    .map(|(q, &k)| token_with_mass(q, k))
+                    .collect();
+                Round {
+                    drafts,
+                    p_rows,
+                    q_rows,
+                }
+            })
+    })
+}
+
+fn rows(r: &[Vec<f32>]) -> Vec<&[f32]> {
+    r.iter().map(Vec::as_slice).collect()
+}
+
+fn uniforms() -> impl Strategy<Value = Vec<f32>> {
+    prop::collection::vec(0.0f32..1.0, 1..16)
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The emitted token of one speculative step is distributed exactly as p, for any q.
+    #[test]
+    fn step_distribution_equals_target(
+        (p, q) in (2usize..12).prop_flat_map(|v| (dyadic_dist(v), dyadic_dist(v)))
+    ) {
+        let emitted = step_distribution(&p, &q);
+        prop_assert_eq!(emitted.len(), p.len());
+        for (t, (&e, &pt)) in emitted.iter().zip(&p).enumerate() {
+            prop_assert!((e - f64::from(pt)).abs() < 1e-9, "token {}: emitted {} vs p {}", t, e, pt);
+        }
+    }
+
+    /// With rows rounded to f32, the identity holds up to how far p's sum is from 1.
+    #[test]
+    fn step_distribution_tracks_target_under_f32_rounding(
+        (p, q) in (2usize..12).prop_flat_map(|v| (float_dist(v), float_dist(v)))
+    ) {
+        let p_sum: f64 = p.iter().map(|&x| f64::from(x)).sum();
+        let bound = (1.0 - p_sum).abs() + 1e-12;
+        for (t, (&e, &pt)) in step_distribution(&p, &q).iter().zip(&p).enumerate() {
+            prop_assert!((e - f64::from(pt)).abs() <= bound, "token {}: emitted {} vs p {}", t, e, pt);
+        }
+    }
+
+    /// The residual is a distribution supported exactly where p > q, and is absent iff p == q.
+    #[test]
+    fn residual_is_normalised_positive_part(
+        (p, q) in (2usize..12).prop_flat_map(|v| (dyadic_dist(v), dyadic_dist(v)))
+    ) {
+        match residual(&p, &q) {
+            None => prop_assert_eq!(&p, &q),
+            Some(r) => {
+                prop_assert_eq!(r.len(), p.len());
+                let sum: f64 = r.iter().map(|&x| f64::from(x)).sum();
+                prop_assert!((sum - 1.0).abs() < 1e-6, "residual sums to {}", sum);
+                for t in 0..p.len() {
+                    if q[t] >= p[t] {
+                        prop_assert_eq!(r[t], 0.0, "token {} has q >= p", t);
+                    } else {
+                        prop_assert!(r[t] > 0.0, "token {} has p > q", t);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Same as above for f32-rounded rows (zero-mass residuals may appear only when p ≤ q).
+    #[test]
+    fn residual_of_float_rows(
+        (p, q) in (2usize..12).prop_flat_map(|v| (float_dist(v), float_dist(v)))
+    ) {
+        if let Some(r) = residual(&p, &q) {
+            let sum: f64 = r.iter().map(|&x| f64::from(x)).sum();
+            prop_assert!((sum - 1.0).abs() < 1e-5, "residual sums to {}", sum);
+            for t in 0..p.len() {
+                if q[t] >= p[t] {
+                    prop_assert_eq!(r[t], 0.0);
+                }
+            }
+        } else {
+            prop_assert!(p.iter().zip(&q).all(|(a, b)| a <= b));
+        }
+    }
+
+    /// Greedy acceptance is the longest matching prefix; the next token is the argmax after it.
+    #[test]
+    fn greedy_accept_is_longest_matching_prefix(
+        (target, drafts) in (2usize..12, 0usize..8).prop_flat_map(|(v, d)| {
+            let v = v as u32;
+            (
+                prop::collection::vec(0..v, d + 1),
+                prop::collection::vec(0..v, d),
+                0..=d,
+            )
+                .prop_map(move |(target, tail, copied)| {
+                    let drafts: Vec<u32> =
+                        target[..copied].iter().chain(&tail[copied..]).copied().collect();
+                    (target, drafts)
+                })
+        })
+    ) {
+        let mut naive = 0;
+        while naive < drafts.len() && drafts[naive] == target[naive] {
+            naive += 1;
+        }
+        let verdict = greedy_accept(&drafts, &target);
+        prop_assert_eq!(verdict.accepted, naive);
+        prop_assert_eq!(verdict.next.token(), target[naive]);
+        prop_assert_eq!(verdict.next.is_bonus(), naive == drafts.len());
+        prop_assert_eq!(verdict.emitted(), naive + 1);
+    }
+
+    /// A drafter whose q equals p is accepted on every draft and earns the bonus.
+    #[test]
+    fn speculative_sample_accepts_everything_when_q_is_p(r in round(true), us in uniforms()) {
+        let verdict = speculative_sample(
+            &r.drafts, &rows(&r.q_rows), &rows(&r.p_rows), &mut cycle(us),
+        ).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let d = r.drafts.len();
+        prop_assert_eq!(verdict.accepted, d);
+        let NextToken::Bonus(bonus) = verdict.next else {
+            return Err(TestCaseError::fail("expected a bonus token"));
+        };
+        prop_assert!(r.p_rows[d][bonus as usize] > 0.0, "bonus {} has p = 0", bonus);
+    }
+
+    /// For any q: accepted drafts have p > 0, a recovered token comes from where p > q (or from
+    /// p when the residual is empty), and a bonus comes from the support of the last row.
+    #[test]
+    fn speculative_sample_emits_only_supported_tokens(r in round(false), us in uniforms()) {
+        let verdict = speculative_sample(
+            &r.drafts, &rows(&r.q_rows), &rows(&r.p_rows), &mut cycle(us),
+        ).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let k = verdict.accepted;
+        prop_assert!(k <= r.drafts.len());
+        for i in 0..k {
+            prop_assert!(r.p_rows[i][r.drafts[i] as usize] > 0.0, "accepted draft {} has p = 0", i);
+        }
+        match verdict.next {
+            NextToken::Recovered(t) => {
+                prop_assert!(k < r.drafts.len());
+                let (p, q) = (&r.p_rows[k], &r.q_rows[k]);
+                if residual(p, q).is_some() {
+                    prop_assert!(p[t as usize] > q[t as usize], "recovered {} has p <= q", t);
+                } else {
+                    prop_assert!(p[t as usize] > 0.0);
+                }
+            }
+            NextToken::Bonus(t) => {
+                prop_assert_eq!(k, r.drafts.len());
+                prop_assert!(r.p_rows[k][t as usize] > 0.0, "bonus {} has p = 0", t);
+            }
+        }
+    }
+
+    /// Greedy verification is speculative sampling's limit with one-hot p and q rows: the two
+    /// rules agree whenever every row is a point mass.
+    #[test]
+    fn one_hot_rows_reduce_to_greedy(
+        (v, target, drafts) in (2usize..12, 0usize..6).prop_flat_map(|(v, d)| {
+            (
+                Just(v),
+                prop::collection::vec(0..v as u32, d + 1),
+                prop::collection::vec(0..v as u32, d),
+            )
+        }),
+        us in uniforms(),
+    ) {
+        let one_hot = |t: u32| -> Vec<f32> {
+            (0..v).map(|i| if i == t as usize { 1.0 } else { 0.0 }).collect()
+        };
+        let p_rows: Vec<Vec<f32>> = target.iter().map(|&t| one_hot(t)).collect();
+        let q_rows: Vec<Vec<f32>> = drafts.iter().map(|&t| one_hot(t)).collect();
+        let sampled = speculative_sample(&drafts, &rows(&q_rows), &rows(&p_rows), &mut cycle(us))
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let greedy: Verdict = greedy_accept(&drafts, &target);
+        prop_assert_eq!(sampled, greedy);
+    }
+}
