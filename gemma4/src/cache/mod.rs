@@ -24,9 +24,9 @@ pub enum CacheError {
     TrimBeyondLen { requested: usize, len: usize },
     #[error(
         "cannot trim {requested} tokens from a sliding-window cache of window {window} at offset {offset}: \
-         the ring has wrapped and the last multi-token write was {last_write} tokens"
+         the ring has wrapped, the last write was {last_write} tokens and at most {rollback_left} of them may still be rolled back"
     )]
-    TrimAfterWrap { requested: usize, offset: usize, window: usize, last_write: usize },
+    TrimAfterWrap { requested: usize, offset: usize, window: usize, last_write: usize, rollback_left: usize },
 }
 
 /// The cache of one donor layer.

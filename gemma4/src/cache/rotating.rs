@@ -29,12 +29,13 @@ pub struct RotatingKvCache {
     idx: i32,
     max_size: i32,
     spec_budget: usize,
+    last_write: usize, // rows of the last write (for error messages)
 }
 
 impl RotatingKvCache {
     /// An empty cache of window `max_size`.
     pub fn new(max_size: usize) -> RotatingKvCache {
-        RotatingKvCache { keys: None, values: None, offset: 0, idx: 0, max_size: max_size as i32, spec_budget: 0 }
+        RotatingKvCache { keys: None, values: None, offset: 0, idx: 0, max_size: max_size as i32, spec_budget: 0, last_write: 0 }
     }
 
     /// Tokens written.
@@ -102,6 +103,7 @@ impl RotatingKvCache {
         self.offset += s as usize;
         self.idx = self.buffer_len() as i32;
         self.spec_budget = (s as usize).saturating_sub(1);
+        self.last_write = s as usize;
         match (&self.keys, &self.values) {
             (Some(k), Some(v)) => Ok((k.clone(), v.clone())),
             _ => Err(mlx_core::Error::Host { op: "RotatingKvCache", detail: "empty after write".into() }),
@@ -145,6 +147,7 @@ impl RotatingKvCache {
         self.offset += 1;
         self.idx += 1;
         self.spec_budget = 0;
+        self.last_write = 1;
         let buf = keys.dim(2).unwrap_or(0);
         let out = if (self.offset as i32) < buf {
             (keys.slice_axis(2, 0, self.offset as i32)?, values.slice_axis(2, 0, self.offset as i32)?)
@@ -172,7 +175,8 @@ impl RotatingKvCache {
             requested: n,
             offset: self.offset,
             window: self.max_size as usize,
-            last_write: self.spec_budget + 1,
+            last_write: self.last_write,
+            rollback_left: self.spec_budget,
         })
     }
 

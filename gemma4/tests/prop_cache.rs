@@ -1,0 +1,498 @@
+//! Property tests of the KV caches against a plain `Vec` reference (gemma4.md §5.2, §5.3, §5.6).
+//!
+//! Every written row carries its identity: K[.., 0] = absolute position, K[.., 1] = a stamp
+//! unique to that write, V = (position + 0.5, stamp). The reference is the `Vec<Tok>` of
+//! committed tokens (a trim pops them, so a re-written position gets a new stamp and a stale
+//! row that survived a rollback is always detected). After every operation the test checks:
+//!
+//! - the fetched buffer, exactly (full: all committed tokens in order; rotating concat write of
+//!   S rows: the last min(old_len, w − 1) committed tokens followed by the S new ones, in
+//!   temporal order; rotating single-token write: the last min(len, w) committed tokens, as a
+//!   cyclic rotation of their temporal order, i.e. ring order);
+//! - what every new query actually sees through the mask `gemma4::mask` builds for that write
+//!   (exactly the last w positions up to and including itself for sliding layers, everything up
+//!   to itself for full layers), and that an array mask has exactly one column per buffer row;
+//! - `retained()`: the suffix of the committed tokens whose length follows mlx-lm's layout rules
+//!   (tracked by the reference), never shorter than min(len, w);
+//! - `offset()` equals the committed length;
+//! - `check_trim` / `trim`: allowed exactly when mlx-lm (offset < w) or the exact rollback
+//!   (n ≤ the rows of the last multi-token write − 1, minus what was already rolled back)
+//!   allows it; a refused trim returns the right `CacheError` and changes nothing.
+
+use std::collections::BTreeSet;
+
+use gemma4::cache::{KvCache, RotatingKvCache};
+use gemma4::mask::{full_mask, sliding_mask, AttnMask};
+use gemma4::{CacheError, Error, LayerCache};
+use mlx_core::Array;
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+/// One cached row: absolute position and the stamp of the write that produced it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Tok {
+    pos: u32,
+    stamp: u32,
+}
+
+/// K and V [1, 1, S, 2] for `toks`.
+fn rows(toks: &[Tok]) -> (Array, Array) {
+    let k: Vec<f32> = toks.iter().flat_map(|t| [t.pos as f32, t.stamp as f32]).collect();
+    let v: Vec<f32> = toks.iter().flat_map(|t| [t.pos as f32 + 0.5, t.stamp as f32]).collect();
+    let s = toks.len() as i32;
+    (Array::from_slice(&k, &[1, 1, s, 2]).unwrap(), Array::from_slice(&v, &[1, 1, s, 2]).unwrap())
+}
+
+/// Reads a K/V pair back into tokens, checking shape and that V matches K row by row.
+fn decode(k: &Array, v: &Array) -> Result<Vec<Tok>, TestCaseError> {
+    let (ks, vs) = (k.shape(), v.shape());
+    prop_assert_eq!(ks.len(), 4, "K shape {:?}", ks);
+    prop_assert_eq!(&ks, &vs, "K and V shapes differ");
+    prop_assert_eq!((ks[0], ks[1], ks[3]), (1, 1, 2), "K shape {:?}", ks);
+    let kd = k.to_vec::<f32>().unwrap();
+    let vd = v.to_vec::<f32>().unwrap();
+    let mut out = Vec::with_capacity(kd.len() / 2);
+    for (kr, vr) in kd.chunks_exact(2).zip(vd.chunks_exact(2)) {
+        prop_assert!(kr[0] >= 0.0 && kr[0].fract() == 0.0, "K row {:?} is not a written row", kr);
+        prop_assert!(kr[1] >= 1.0 && kr[1].fract() == 0.0, "K row {:?} is not a written row (zero padding?)", kr);
+        prop_assert_eq!((vr[0], vr[1]), (kr[0] + 0.5, kr[1]), "V row does not belong to K row {:?}", kr);
+        out.push(Tok { pos: kr[0] as u32, stamp: kr[1] as u32 });
+    }
+    Ok(out)
+}
+
+/// `got` is `want` cyclically rotated (ring order of a temporal sequence).
+fn is_rotation(got: &[Tok], want: &[Tok]) -> bool {
+    got.len() == want.len() && (want.is_empty() || (0..want.len()).any(|r| got[..] == [&want[r..], &want[..r]].concat()[..]))
+}
+
+/// What was expected of a trim.
+#[derive(Debug)]
+enum TrimKind {
+    /// No rows change (n == 0).
+    Nothing,
+    /// The exact rollback right after a multi-token write: the rows are physically dropped.
+    Rollback,
+    /// mlx-lm's logical trim (before the ring wraps), or the full cache's.
+    Logical,
+    Refused(CacheError),
+}
+
+/// A cache plus the reference it must agree with.
+struct Harness {
+    cache: LayerCache,
+    /// None for a full-attention cache.
+    window: Option<usize>,
+    committed: Vec<Tok>,
+    /// Rows `retained()` must return (rotating: follows mlx-lm's layout; full: all).
+    phys: usize,
+    /// How many newest rows may still be rolled back exactly.
+    budget: usize,
+}
+
+impl Harness {
+    fn full() -> Harness {
+        Harness { cache: LayerCache::Full(KvCache::new()), window: None, committed: Vec::new(), phys: 0, budget: 0 }
+    }
+
+    fn rotating(w: usize) -> Harness {
+        Harness {
+            cache: LayerCache::Rotating(RotatingKvCache::new(w)),
+            window: Some(w),
+            committed: Vec::new(),
+            phys: 0,
+            budget: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.committed.len()
+    }
+
+    /// Appends `toks` (positions must continue the committed ones) and checks the fetch.
+    fn append(&mut self, toks: &[Tok]) -> Result<Vec<Tok>, TestCaseError> {
+        let before = self.len();
+        let s = toks.len();
+        for (i, t) in toks.iter().enumerate() {
+            prop_assert_eq!(t.pos as usize, before + i, "test bug: positions must continue the history");
+        }
+        let mask = match self.window {
+            Some(w) => sliding_mask(s, Some(&self.cache), w).unwrap(),
+            None => full_mask(s, Some(&self.cache)).unwrap(),
+        };
+        let (k, v) = rows(toks);
+        let (fk, fv) = self.cache.update_and_fetch(&k, &v).unwrap();
+        let got = decode(&fk, &fv)?;
+        self.committed.extend_from_slice(toks);
+        let len = self.len();
+        match self.window {
+            None => {
+                prop_assert_eq!(&got, &self.committed, "full cache fetch after appending {}", s);
+                self.phys = len;
+            }
+            Some(w) if s == 1 => {
+                let want = &self.committed[len - len.min(w)..];
+                prop_assert!(
+                    is_rotation(&got, want),
+                    "single-token fetch (w={}, len={}) must be the last min(len, w) tokens in ring order:\n got  {:?}\n want {:?}",
+                    w, len, got, want
+                );
+                self.phys = len.min(w);
+                self.budget = 0;
+            }
+            Some(w) => {
+                let kept = before.min(w - 1);
+                let want = &self.committed[before - kept..];
+                prop_assert_eq!(
+                    &got[..], want,
+                    "concat fetch of {} rows (w={}, old len={}) must be the last min(old, w-1) old rows then the new ones",
+                    s, w, before
+                );
+                self.phys = kept + s;
+                self.budget = s - 1;
+            }
+        }
+        self.check_visibility(&mask, &got, before, s)?;
+        self.check_state()?;
+        Ok(got)
+    }
+
+    /// Each new query sees, through the mask, exactly the positions it may attend to.
+    fn check_visibility(&self, mask: &AttnMask, buf: &[Tok], before: usize, s: usize) -> Result<(), TestCaseError> {
+        let cols = buf.len();
+        let rows: Option<Vec<bool>> = match mask {
+            AttnMask::Array(a) => {
+                prop_assert_eq!(a.shape(), vec![s as i32, cols as i32], "mask shape vs buffer of {} rows", cols);
+                Some(a.to_vec::<bool>().unwrap())
+            }
+            _ => None,
+        };
+        for i in 0..s {
+            let q = before + i;
+            let visible: BTreeSet<Tok> = (0..cols)
+                .filter(|&j| match (mask, &rows) {
+                    (AttnMask::None, _) => true,
+                    // MLX's string causal is bottom-right aligned when qL < kL.
+                    (AttnMask::Causal, _) => j + s <= cols + i,
+                    (AttnMask::Array(_), Some(m)) => m[i * cols + j],
+                    (AttnMask::Array(_), None) => unreachable!(),
+                })
+                .map(|j| buf[j])
+                .collect();
+            let lo = self.window.map_or(0, |w| (q + 1).saturating_sub(w));
+            let want: BTreeSet<Tok> = self.committed[lo..=q].iter().copied().collect();
+            prop_assert_eq!(
+                &visible, &want,
+                "query at position {} (window {:?}) with mask {:?} over buffer {:?}",
+                q, self.window, mask, buf
+            );
+        }
+        Ok(())
+    }
+
+    fn retained(&self) -> Result<Option<Vec<Tok>>, TestCaseError> {
+        match self.cache.retained().unwrap() {
+            None => Ok(None),
+            Some((k, v)) => decode(&k, &v).map(Some),
+        }
+    }
+
+    fn check_state(&self) -> Result<(), TestCaseError> {
+        let len = self.len();
+        prop_assert_eq!(self.cache.offset(), len, "offset vs committed length");
+        let retained = self.retained()?;
+        if len == 0 {
+            prop_assert!(retained.is_none(), "an empty cache retains nothing, got {:?}", retained);
+            return Ok(());
+        }
+        let Some(retained) = retained else {
+            return Err(TestCaseError::fail(format!("cache of {len} tokens retains nothing")));
+        };
+        let want = &self.committed[len - self.phys..];
+        prop_assert_eq!(&retained[..], want, "retained() must be the {} newest committed tokens in temporal order", self.phys);
+        if let Some(w) = self.window {
+            prop_assert!(self.phys >= len.min(w - 1), "retained {} < min(len {}, w-1)", self.phys, len);
+            prop_assert!(self.phys >= len.min(w), "retained {} < min(len {}, w)", self.phys, len);
+        }
+        Ok(())
+    }
+
+    /// What a trim of `n` must do, from the reference state alone.
+    fn expected_trim(&self, n: usize) -> TrimKind {
+        let len = self.len();
+        if n > len {
+            return TrimKind::Refused(CacheError::TrimBeyondLen { requested: n, len });
+        }
+        match self.window {
+            _ if n == 0 => TrimKind::Nothing,
+            None => TrimKind::Logical,
+            Some(_) if n <= self.budget => TrimKind::Rollback,
+            Some(w) if len < w => TrimKind::Logical,
+            Some(w) => TrimKind::Refused(CacheError::TrimAfterWrap {
+                requested: n,
+                offset: len,
+                window: w,
+                last_write: self.budget + 1,
+                rollback_left: self.budget,
+            }),
+        }
+    }
+
+    /// Trims `n` through `LayerCache::trim`, checking `check_trim` agrees; returns whether it
+    /// was applied.
+    fn trim(&mut self, n: usize) -> Result<bool, TestCaseError> {
+        let kind = self.expected_trim(n);
+        let before_retained = self.retained()?;
+        let before_offset = self.cache.offset();
+        let checked = self.cache.check_trim(n);
+        let res = self.cache.trim(n);
+        match kind {
+            TrimKind::Refused(want) => {
+                let same = |e: &CacheError| match (e, &want) {
+                    (
+                        CacheError::TrimAfterWrap { requested, offset, window, .. },
+                        CacheError::TrimAfterWrap { requested: r, offset: o, window: w, .. },
+                    ) => (requested, offset, window) == (r, o, w),
+                    (a, b) => a == b,
+                };
+                match &checked {
+                    Err(e) => prop_assert!(same(e), "check_trim({}) refused with {:?}, expected {:?}", n, e, want),
+                    Ok(()) => return Err(TestCaseError::fail(format!("check_trim({n}) allowed, expected {want:?}"))),
+                }
+                match &res {
+                    Err(Error::Cache(e)) => prop_assert!(same(e), "trim({}) refused with {:?}, expected {:?}", n, e, want),
+                    other => return Err(TestCaseError::fail(format!("trim({n}) gave {other:?}, expected {want:?}"))),
+                }
+                let msg = res.unwrap_err().to_string();
+                prop_assert!(msg.contains(&n.to_string()), "refusal message {:?} names the request", msg);
+                prop_assert_eq!(self.cache.offset(), before_offset, "a refused trim changed the offset");
+                prop_assert_eq!(self.retained()?, before_retained, "a refused trim changed the retained rows");
+                self.check_state()?;
+                Ok(false)
+            }
+            kind => {
+                prop_assert!(checked.is_ok(), "check_trim({}) refused ({:?}), expected {:?}", n, checked, kind);
+                prop_assert!(res.is_ok(), "trim({}) failed ({:?}), expected {:?}", n, res, kind);
+                let len = self.len();
+                self.committed.truncate(len - n);
+                match kind {
+                    TrimKind::Nothing => {}
+                    TrimKind::Rollback => {
+                        self.phys -= n;
+                        self.budget -= n;
+                    }
+                    TrimKind::Logical => {
+                        // Only legal before the ring wraps, when every token is retained.
+                        prop_assert_eq!(self.phys, len, "reference: a logical trim with evicted rows");
+                        self.phys = len - n;
+                        self.budget = 0;
+                    }
+                    TrimKind::Refused(_) => unreachable!(),
+                }
+                self.check_state()?;
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// Hands out fresh tokens continuing a history.
+struct Stamps(u32);
+
+impl Stamps {
+    fn toks(&mut self, from: usize, n: usize) -> Vec<Tok> {
+        (0..n)
+            .map(|i| {
+                self.0 += 1;
+                Tok { pos: (from + i) as u32, stamp: self.0 }
+            })
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Write S rows (S == 1: in-place path; S > 1: concat path).
+    Append(usize),
+    /// Trim n (anything from 0 to past the length).
+    Trim(usize),
+    /// A verify batch: write S rows, then roll back k ≤ S − 1 of them.
+    Verify(usize, usize),
+    /// Trim one more than the length.
+    TrimPastEnd,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1usize..=12).prop_map(Op::Append),
+        3 => Just(Op::Append(1)),
+        3 => (0usize..=13).prop_map(Op::Trim),
+        3 => (2usize..=12).prop_flat_map(|s| (Just(s), 0..s)).prop_map(|(s, k)| Op::Verify(s, k)),
+        1 => Just(Op::TrimPastEnd),
+    ]
+}
+
+fn run(h: &mut Harness, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut stamps = Stamps(0);
+    h.check_state()?;
+    for op in ops {
+        match *op {
+            Op::Append(s) => {
+                let t = stamps.toks(h.len(), s);
+                h.append(&t)?;
+            }
+            Op::Trim(n) => {
+                h.trim(n)?;
+            }
+            Op::Verify(s, k) => {
+                let t = stamps.toks(h.len(), s);
+                h.append(&t)?;
+                let applied = h.trim(k)?;
+                prop_assert!(applied, "rollback of {} after a write of {} refused", k, s);
+            }
+            Op::TrimPastEnd => {
+                let applied = h.trim(h.len() + 1)?;
+                prop_assert!(!applied);
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn full_cache_matches_reference(ops in prop::collection::vec(op(), 0..=40)) {
+        run(&mut Harness::full(), &ops)?;
+    }
+
+    #[test]
+    fn rotating_cache_matches_reference(w in 2usize..=10, ops in prop::collection::vec(op(), 0..=40)) {
+        run(&mut Harness::rotating(w), &ops)?;
+    }
+
+    /// Speculative decoding rounds: a verify write of S rows, an over-long trim that must be
+    /// refused once the ring has wrapped, the rollback of k ≤ S − 1 rows, then a next write.
+    /// A twin cache that only ever saw the accepted rows (written as one batch: concat if ≥ 2,
+    /// in place if 1) must show the same content after that next write (as a sequence for a
+    /// concat write, as a set for an in-place one, whose ring order depends on history).
+    #[test]
+    fn rollback_is_indistinguishable_from_never_writing(
+        w in 2usize..=10,
+        prefix in prop::collection::vec(prop_oneof![1usize..=12, Just(1usize)], 0..=8),
+        rounds in prop::collection::vec(
+            (2usize..=8).prop_flat_map(|s| (Just(s), 0..s, prop_oneof![Just(1usize), 1usize..=12])),
+            1..=8,
+        ),
+    ) {
+        let mut main = Harness::rotating(w);
+        let mut twin = Harness::rotating(w);
+        let mut stamps = Stamps(0);
+        for &s in &prefix {
+            let t = stamps.toks(main.len(), s);
+            main.append(&t)?;
+            twin.append(&t)?;
+        }
+        for &(s, k, next) in &rounds {
+            let t = stamps.toks(main.len(), s);
+            main.append(&t)?;
+            if main.len() >= w {
+                // Wrapped (mlx-lm would refuse every trim): only the last write may go, minus one.
+                prop_assert!(!main.trim(s)?, "trim({}) after a wrapped write of {} allowed", s, s);
+            }
+            prop_assert!(main.cache.check_trim(k).is_ok(), "rollback {} of {} refused at offset {}", k, s, main.len());
+            prop_assert!(main.trim(k)?);
+            twin.append(&t[..s - k])?;
+            prop_assert_eq!(&main.committed, &twin.committed);
+            let n = stamps.toks(main.len(), next);
+            let a = main.append(&n)?;
+            let b = twin.append(&n)?;
+            if next == 1 {
+                let (sa, sb): (BTreeSet<Tok>, BTreeSet<Tok>) = (a.iter().copied().collect(), b.iter().copied().collect());
+                prop_assert_eq!(sa, sb, "in-place write after rollback: visible set differs from the twin");
+            } else {
+                prop_assert_eq!(a, b, "concat write after rollback: buffer differs from the twin");
+            }
+        }
+    }
+}
+
+// Hand-written cases pinning the scenarios the properties are about (and the ones a random
+// search may reach rarely).
+
+fn toks(from: usize, n: usize, stamps: &mut Stamps) -> Vec<Tok> {
+    stamps.toks(from, n)
+}
+
+#[test]
+fn rollback_after_wrap_then_single_token() {
+    // w = 4: prefill 6 (wrapped), verify 4, reject 3, then decode one token.
+    let mut h = Harness::rotating(4);
+    let mut st = Stamps(0);
+    let run = |h: &mut Harness, st: &mut Stamps| -> Result<(), TestCaseError> {
+        h.append(&toks(0, 6, st))?;
+        h.append(&toks(6, 4, st))?;
+        prop_assert!(!h.trim(4)?); // more than S − 1
+        prop_assert!(h.trim(3)?);
+        prop_assert_eq!(h.cache.offset(), 7);
+        let got = h.append(&toks(7, 1, st))?;
+        let pos: BTreeSet<u32> = got.iter().map(|t| t.pos).collect();
+        prop_assert_eq!(pos, (4..8).collect::<BTreeSet<u32>>());
+        prop_assert!(!h.trim(1)?); // after a single-token write of a wrapped ring
+        Ok(())
+    };
+    run(&mut h, &mut st).unwrap();
+}
+
+#[test]
+fn rollback_in_two_steps_consumes_the_budget() {
+    let mut h = Harness::rotating(3);
+    let mut st = Stamps(0);
+    let run = |h: &mut Harness, st: &mut Stamps| -> Result<(), TestCaseError> {
+        h.append(&toks(0, 5, st))?;
+        h.append(&toks(5, 6, st))?; // budget 5
+        prop_assert!(h.trim(2)?);
+        prop_assert!(h.trim(3)?);
+        prop_assert!(!h.trim(1)?); // the write's first row must stay
+        let got = h.append(&toks(6, 3, st))?;
+        prop_assert_eq!(got.iter().map(|t| t.pos).collect::<Vec<_>>(), vec![4, 5, 6, 7, 8]);
+        Ok(())
+    };
+    run(&mut h, &mut st).unwrap();
+}
+
+#[test]
+fn refused_trims_name_the_request() {
+    let mut c = LayerCache::Rotating(RotatingKvCache::new(2));
+    let (k, v) = rows(&Stamps(0).toks(0, 3));
+    c.update_and_fetch(&k, &v).unwrap();
+    let e = c.trim(3).unwrap_err();
+    assert!(matches!(e, Error::Cache(CacheError::TrimAfterWrap { requested: 3, offset: 3, window: 2, .. })), "{e:?}");
+    let e = c.trim(4).unwrap_err();
+    assert!(matches!(e, Error::Cache(CacheError::TrimBeyondLen { requested: 4, len: 3 })), "{e:?}");
+    assert_eq!(e.to_string(), "cache: cannot trim 4 tokens from a cache holding 3");
+    assert_eq!(c.offset(), 3);
+    let mut f = LayerCache::Full(KvCache::new());
+    assert!(matches!(f.trim(1).unwrap_err(), Error::Cache(CacheError::TrimBeyondLen { requested: 1, len: 0 })));
+    f.trim(0).unwrap();
+}
+
+#[test]
+fn full_cache_across_the_256_row_step() {
+    let mut h = Harness::full();
+    let mut st = Stamps(0);
+    let run = |h: &mut Harness, st: &mut Stamps| -> Result<(), TestCaseError> {
+        h.append(&toks(0, 250, st))?;
+        for i in 250..258 {
+            h.append(&toks(i, 1, st))?;
+        }
+        prop_assert!(h.trim(10)?);
+        h.append(&toks(248, 12, st))?;
+        h.append(&toks(260, 300, st))?;
+        prop_assert!(h.trim(560)?);
+        h.append(&toks(0, 2, st))?;
+        Ok(())
+    };
+    run(&mut h, &mut st).unwrap();
+}
