@@ -190,6 +190,11 @@ impl QuantizationConfig {
         }
     }
 
+    /// Parses an mlx-lm `quantization` block; `field` names it in errors (e.g. `quantization`).
+    pub fn from_json(block: &Value, field: &str) -> Result<QuantizationConfig, ConfigError> {
+        parse_quant(block, field)
+    }
+
     /// The block as mlx-lm writes it (`false` for unquantized overrides).
     pub fn to_json_value(&self) -> Value {
         let spec =

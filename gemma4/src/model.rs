@@ -88,6 +88,16 @@ impl Model {
         Cache::new(&self.cfg)
     }
 
+    /// Raw token embeddings (no √H scale), as drafters consume them // [B, L] -> [B, L, H]
+    pub fn embed_raw(&self, ids: &Array) -> Result<Array> {
+        self.embed_tokens.forward(ids)
+    }
+
+    /// The activation dtype (that of the embedding table or its scales).
+    pub fn dtype(&self) -> mlx_core::Dtype {
+        self.norm.dtype()
+    }
+
     /// Scaled token embeddings `embed(ids) · √H` (weak scalar) // [B, L] -> [B, L, H]
     pub fn embed(&self, ids: &Array) -> Result<Array> {
         Ok(self.embed_tokens.forward(ids)?.mul_scalar((self.cfg.hidden_size as f64).sqrt())?)

@@ -1,7 +1,21 @@
-//! Lossless speculative decoding with DSpark drafters: draft, verify, accept, rollback.
-//!
-//! The drafters and decode loops land with the spec-decode issue; the crate exists now so the
-//! dependency direction (mlx-core ← gemma4 ← spec-decode) is fixed from the start.
+//! Lossless speculative decoding for gemma4 targets: drafters propose, the target scores the
+//! anchor plus drafts in one forward, the verifier accepts a prefix and adds one recovered or
+//! bonus token, and every cache rolls back the rejected tips.
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod decode;
+pub mod deepspec;
+pub mod drafter;
+pub mod dspark;
+mod error;
+pub mod oracle;
+pub mod probs;
+pub mod schedule;
+pub mod stats;
+
+pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
+pub use decode::{speculative_generate, FinishReason, SpecConfig, SpecOutput};
+pub use error::{Error, Result};
+pub use schedule::Pruning;
+pub use stats::SpecStats;

@@ -1,0 +1,325 @@
+//! The speculative decode loop: draft → verify (one tapped target forward over the pending token
+//! plus the drafts) → accept → emit → commit the anchor and accepted rows to the drafter's
+//! context → roll back the rejected tips in every target cache → repeat.
+//!
+//! Prefill is tail-split: all prompt tokens but the last are run through the target (tapped) and
+//! seed the drafter's context; the last prompt token is *pending* and heads the first verify
+//! window, so every emitted token comes out of a verify. Invariant before each draft: the
+//! drafter's context length == the target cache offset == the pending token's position.
+//!
+//! Host synchronisation: the drafts stay on the device and feed the verify directly; the verdict
+//! inputs (drafts, target picks, and under sampling the acceptance flags, residual draws and the
+//! bonus draw for every position) are computed on the device and read back in ONE transfer per
+//! round. Confidence pruning adds one read before the verify (its length decides the window).
+
+use std::time::Instant;
+
+use gemma4::generate::GenerateConfig;
+use gemma4::sampling::{logprobs, SamplerConfig};
+use gemma4::{Cache, Model, TapSet};
+use mlx_core::random::{self, categorical, KeyChain};
+use mlx_core::{concatenate, where_, Array, Dtype};
+
+use crate::accept::{greedy_accept, NextToken, Verdict};
+use crate::drafter::{DraftRequest, DraftSampling, Drafter};
+use crate::error::{Error, Result};
+use crate::probs::probabilities;
+use crate::schedule::{kept_len, Pruning};
+use crate::stats::SpecStats;
+
+pub use gemma4::generate::FinishReason;
+
+/// Settings of one speculative request.
+#[derive(Clone, Debug)]
+pub struct SpecConfig {
+    /// Drafts per round (1..=drafter γ).
+    pub gamma: usize,
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    pub seed: u64,
+    pub stop_tokens: Vec<u32>,
+    pub prefill_step: usize,
+    pub pruning: Pruning,
+}
+
+impl SpecConfig {
+    /// The same request as a plain-decoding config (for baselines).
+    pub fn plain(&self) -> GenerateConfig {
+        GenerateConfig {
+            max_tokens: self.max_tokens,
+            sampler: self.sampler.clone(),
+            seed: self.seed,
+            prefill_step: self.prefill_step,
+            stop_tokens: self.stop_tokens.clone(),
+        }
+    }
+}
+
+/// Test-only switch that breaks the verify rule, to show the statistical gate has power.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum VerifyRule {
+    #[default]
+    Exact,
+    /// Accept every draft (wrong on purpose).
+    AcceptAll,
+}
+
+/// Output of a speculative request.
+#[derive(Clone, Debug)]
+pub struct SpecOutput {
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub stats: SpecStats,
+}
+
+/// Runs the prompt through the target with taps, in chunks, returning the tapped rows of all
+/// but the last token // [1, L−1, m·H] (None for a one-token prompt or no taps).
+fn tapped_prefill(target: &Model, cache: &mut Cache, head: &[u32], taps: &TapSet, step: usize, stats: &mut SpecStats) -> Result<Option<Array>> {
+    let mut rows = Vec::new();
+    for chunk in head.chunks(step.max(1)) {
+        let ids = gemma4::generate::ids_array(chunk)?;
+        if taps.is_empty() {
+            target.forward(&ids, Some(cache))?;
+        } else {
+            let out = target.forward_tapped(&ids, Some(cache), taps)?;
+            if let Some(t) = out.taps {
+                mlx_core::eval(&[&t])?;
+                rows.push(t);
+            }
+        }
+        cache.eval()?;
+        stats.prefill_forwards += 1;
+    }
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let refs: Vec<&Array> = rows.iter().collect();
+    Ok(Some(concatenate(&refs, 1)?))
+}
+
+/// Speculative decoding of `prompt`; `on_token` sees each emitted token in order.
+pub fn speculative_generate(
+    target: &Model,
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    cfg: &SpecConfig,
+    on_token: impl FnMut(u32),
+) -> Result<SpecOutput> {
+    speculative_generate_with(target, drafter, prompt, cfg, VerifyRule::Exact, on_token)
+}
+
+#[doc(hidden)]
+pub fn speculative_generate_with(
+    target: &Model,
+    drafter: &mut dyn Drafter,
+    prompt: &[u32],
+    cfg: &SpecConfig,
+    rule: VerifyRule,
+    mut on_token: impl FnMut(u32),
+) -> Result<SpecOutput> {
+    let vocab = target.config().vocab_size;
+    if cfg.gamma < 1 {
+        return Err(Error::Settings { field: "gamma", detail: "gamma must be >= 1".into() });
+    }
+    if cfg.gamma > drafter.gamma() {
+        return Err(Error::Settings {
+            field: "gamma",
+            detail: format!("gamma {} exceeds the drafter's block size {}", cfg.gamma, drafter.gamma()),
+        });
+    }
+    cfg.sampler.validate(vocab)?;
+    let thresholds = cfg.pruning.resolve(drafter.thresholds())?;
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(Error::Settings { field: "prompt", detail: "the prompt is empty".into() });
+    };
+    if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::Settings { field: "prompt", detail: format!("token id {bad} is outside the vocabulary of {vocab}") });
+    }
+    let greedy = cfg.sampler.is_greedy();
+    let mut stats = SpecStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut keys = KeyChain::new(cfg.seed)?;
+    let mut cache = target.new_cache();
+    let taps = drafter.taps();
+    let t0 = Instant::now();
+    let ctx = tapped_prefill(target, &mut cache, head, &taps, cfg.prefill_step, &mut stats)?;
+    drafter.reset(ctx.as_ref(), head.len())?;
+    stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t1 = Instant::now();
+
+    let mut pending = last;
+    let mut tokens = Vec::new();
+    let finish = 'rounds: loop {
+        if tokens.len() >= cfg.max_tokens {
+            break FinishReason::Length;
+        }
+        if drafter.context_len() != cache.offset() {
+            return Err(Error::Contract(format!(
+                "drafter context holds {} rows but the target cache holds {} tokens",
+                drafter.context_len(),
+                cache.offset()
+            )));
+        }
+        let remaining = cfg.max_tokens - tokens.len();
+        let max_drafts = cfg.gamma.min(remaining - 1);
+        let anchor = Array::from_slice(&[pending], &[1])?;
+
+        // Draft.
+        let proposal = if max_drafts == 0 {
+            None
+        } else {
+            let sampling = if greedy { DraftSampling::Greedy } else { DraftSampling::Sample { cfg: &cfg.sampler, keys: &mut keys } };
+            let req = DraftRequest { anchor: &anchor, position: cache.offset(), max_drafts, sampling, target, target_cache: &cache };
+            let mut p = drafter.propose(req)?;
+            if p.is_empty() || p.len() > max_drafts {
+                return Err(Error::Contract(format!("{} returned {} drafts (asked for 1..={max_drafts})", drafter.name(), p.len())));
+            }
+            if !greedy && p.logits.is_none() {
+                return Err(Error::Contract(format!("{} gave no draft logits; sampled verification needs q", drafter.name())));
+            }
+            if let (Some(th), Some(conf)) = (&thresholds, &p.confidence) {
+                let c = conf.to_f32_vec()?;
+                stats.host_syncs += 1;
+                let keep = kept_len(&c, th);
+                if keep < p.len() {
+                    p = p.truncate(keep)?;
+                }
+            }
+            Some(p)
+        };
+        let d = proposal.as_ref().map_or(0, |p| p.len());
+
+        // Verify: one tapped forward over [pending, drafts].
+        let window = match &proposal {
+            Some(p) => concatenate(&[&anchor, &p.tokens], 0)?,
+            None => anchor.clone(),
+        }
+        .reshape(&[1, d as i32 + 1])?;
+        let out = if taps.is_empty() {
+            gemma4::ForwardOutput { hidden: target.forward(&window, Some(&mut cache))?, taps: None }
+        } else {
+            target.forward_tapped(&window, Some(&mut cache), &taps)?
+        };
+        let logits = target.logits_from_hidden(&out.hidden)?.squeeze(0)?; // [d+1, V]
+
+        let verdict = if greedy {
+            let picks = logprobs(&logits)?.argmax(-1, false)?.astype(Dtype::U32)?; // [d+1]
+            let both = match &proposal {
+                Some(p) => concatenate(&[&p.tokens, &picks], 0)?,
+                None => picks,
+            };
+            let host = both.to_vec::<u32>()?;
+            stats.host_syncs += 1;
+            let (drafts, picks) = host.split_at(d);
+            match rule {
+                VerifyRule::Exact => greedy_accept_judged(drafts, picks),
+                VerifyRule::AcceptAll => accept_all(drafts, picks),
+            }
+        } else {
+            sampled_verdict(&logits, proposal.as_ref(), &cfg.sampler, &mut keys, rule, &mut stats)?
+        };
+
+        // Emit: accepted drafts, then the recovered/bonus token; stop exactly where plain
+        // decoding would (a stop token is never emitted, even as an accepted draft).
+        let mut emit = |t: u32, tokens: &mut Vec<u32>| -> Option<FinishReason> {
+            if cfg.stop_tokens.contains(&t) {
+                return Some(FinishReason::Stop);
+            }
+            tokens.push(t);
+            on_token(t);
+            (tokens.len() >= cfg.max_tokens).then_some(FinishReason::Length)
+        };
+        stats.record_round(d, verdict.accepted);
+        for &t in &verdict.drafts[..verdict.accepted] {
+            if let Some(f) = emit(t, &mut tokens) {
+                break 'rounds f;
+            }
+        }
+        let next = verdict.next.token();
+        if let Some(f) = emit(next, &mut tokens) {
+            break 'rounds f;
+        }
+
+        // Commit the anchor + accepted rows; roll back the rejected tips.
+        let keep = verdict.accepted + 1;
+        let rows = match &out.taps {
+            Some(t) => Some(t.slice_axis(1, 0, keep as i32)?),
+            None => None,
+        };
+        drafter.commit(rows.as_ref(), keep)?;
+        cache.trim(d - verdict.accepted)?;
+        pending = next;
+    };
+    stats.emitted = tokens.len();
+    stats.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
+    Ok(SpecOutput { tokens, finish, stats })
+}
+
+/// A verdict plus the host copy of the drafts it judged.
+struct Judged {
+    accepted: usize,
+    next: NextToken,
+    drafts: Vec<u32>,
+}
+
+impl From<(Verdict, Vec<u32>)> for Judged {
+    fn from((v, drafts): (Verdict, Vec<u32>)) -> Self {
+        Judged { accepted: v.accepted, next: v.next, drafts }
+    }
+}
+
+fn greedy_accept_judged(drafts: &[u32], picks: &[u32]) -> Judged {
+    (greedy_accept(drafts, picks), drafts.to_vec()).into()
+}
+
+fn accept_all(drafts: &[u32], picks: &[u32]) -> Judged {
+    let d = drafts.len();
+    Judged { accepted: d, next: NextToken::Bonus(picks[d]), drafts: drafts.to_vec() }
+}
+
+/// Speculative sampling with every random draw made on the device: per position k the flag
+/// `u_k·q_k(x_k) < p_k(x_k)` and a residual draw from normalize(max(p_k − q_k, 0)) (p_k where
+/// that mass is 0), plus the bonus draw from p_d. The host picks the first rejected position's
+/// residual draw, or the bonus: exactly the rule in `accept::speculative_sample`.
+fn sampled_verdict(
+    logits: &Array,
+    proposal: Option<&crate::Proposal>,
+    sampler: &SamplerConfig,
+    keys: &mut KeyChain,
+    rule: VerifyRule,
+    stats: &mut SpecStats,
+) -> Result<Judged> {
+    let p = probabilities(logits, sampler)?; // [d+1, V] f32
+    let d = proposal.map_or(0, |p| p.len()) as i32;
+    let p_bonus = p.slice_axis(0, d, d + 1)?;
+    let bonus = categorical(&p_bonus.log()?, -1, &keys.next_key()?)?.astype(Dtype::U32)?; // [1]
+    let Some(prop) = proposal else {
+        let host = bonus.to_vec::<u32>()?;
+        stats.host_syncs += 1;
+        return Ok(Judged { accepted: 0, next: NextToken::Bonus(host[0]), drafts: vec![] });
+    };
+    let q = probabilities(prop.logits.as_ref().ok_or_else(|| Error::Contract("no draft logits".into()))?, sampler)?; // [d, V]
+    let pk = p.slice_axis(0, 0, d)?;
+    let idx = prop.tokens.reshape(&[d, 1])?;
+    let px = pk.take_along_axis(&idx, -1)?.reshape(&[d])?;
+    let qx = q.take_along_axis(&idx, -1)?.reshape(&[d])?;
+    let u = random::uniform(0.0, 1.0, &[d], Dtype::F32, &keys.next_key()?)?;
+    let accept = u.multiply(&qx)?.less(&px)?; // [d] bool
+    let res = pk.subtract(&q)?.maximum_scalar(0.0)?;
+    let mass = res.sum(&[-1], true)?;
+    let empty = mass.less_equal_scalar(crate::accept::RESIDUAL_MASS_EPSILON)?;
+    let res_logits = where_(&empty, &pk.log()?, &res.log()?)?;
+    let recovered = categorical(&res_logits, -1, &keys.next_key()?)?.astype(Dtype::U32)?; // [d]
+    let packed = concatenate(&[&prop.tokens, &accept.astype(Dtype::U32)?, &recovered, &bonus], 0)?;
+    let host = packed.to_vec::<u32>()?;
+    stats.host_syncs += 1;
+    let d = d as usize;
+    let drafts = host[..d].to_vec();
+    let flags = &host[d..2 * d];
+    let accepted = match rule {
+        VerifyRule::Exact => flags.iter().position(|&f| f == 0).unwrap_or(d),
+        VerifyRule::AcceptAll => d,
+    };
+    let next = if accepted < d { NextToken::Recovered(host[2 * d + accepted]) } else { NextToken::Bonus(host[3 * d]) };
+    Ok(Judged { accepted, next, drafts })
+}

@@ -1,0 +1,103 @@
+//! The proposer side: one trait every drafter implements.
+//!
+//! Contract per round: the decode loop calls `propose` with the *anchor* (the last emitted token,
+//! not yet forwarded through the target) and `n ≤ γ`; the drafter returns `d ∈ 1..=n` drafts
+//! (tokens stay on the device, so proposing needs no host read). After verification the loop
+//! calls `commit` with the target's tapped rows of the anchor and the accepted drafts; rejected
+//! rows are never committed, so a drafter's context always holds exactly the committed tokens.
+
+use gemma4::sampling::SamplerConfig;
+use gemma4::{Cache, Model, TapSet};
+use mlx_core::random::KeyChain;
+use mlx_core::Array;
+
+use crate::error::Result;
+
+/// How the drafter picks its tokens.
+pub enum DraftSampling<'a> {
+    /// argmax of the draft logits.
+    Greedy,
+    /// Drawn from the processed draft distribution (the same processing as the target's), one
+    /// key per drafted position.
+    Sample { cfg: &'a SamplerConfig, keys: &'a mut KeyChain },
+}
+
+impl DraftSampling<'_> {
+    /// True for `Greedy`.
+    pub fn is_greedy(&self) -> bool {
+        matches!(self, DraftSampling::Greedy)
+    }
+}
+
+/// One proposal request.
+pub struct DraftRequest<'a> {
+    /// The anchor token // [1] uint32, on the device.
+    pub anchor: &'a Array,
+    /// The anchor's absolute position (= committed context length).
+    pub position: usize,
+    /// Upper bound on the drafts returned (1..=γ).
+    pub max_drafts: usize,
+    pub sampling: DraftSampling<'a>,
+    /// The target and its cache as of the committed context (read-only), for drafters that
+    /// run the target itself.
+    pub target: &'a Model,
+    pub target_cache: &'a Cache,
+}
+
+/// What a drafter proposes.
+#[derive(Clone, Debug)]
+pub struct Proposal {
+    /// Draft tokens // [d] uint32
+    pub tokens: Array,
+    /// The logits each draft was drawn from, before any filtering // [d, V] f32. Required
+    /// under sampling (they define q), optional under greedy.
+    pub logits: Option<Array>,
+    /// Per-position confidence in (0, 1) // [d] f32, if the drafter has a confidence head.
+    pub confidence: Option<Array>,
+}
+
+impl Proposal {
+    /// Number of drafts.
+    pub fn len(&self) -> usize {
+        self.tokens.dim(0).unwrap_or(0).max(0) as usize
+    }
+
+    /// True if there are no drafts.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The first `d` drafts (pruning truncates tokens, logits and confidence together).
+    pub fn truncate(&self, d: usize) -> Result<Proposal> {
+        let d = d as i32;
+        Ok(Proposal {
+            tokens: self.tokens.slice_axis(0, 0, d)?,
+            logits: self.logits.as_ref().map(|l| l.slice_axis(0, 0, d)).transpose()?,
+            confidence: self.confidence.as_ref().map(|c| c.slice_axis(0, 0, d)).transpose()?,
+        })
+    }
+}
+
+/// A speculative-decoding proposer.
+pub trait Drafter {
+    /// A short name for stats and errors.
+    fn name(&self) -> String;
+    /// The largest block the drafter can propose (γ).
+    fn gamma(&self) -> usize;
+    /// The target hidden states the drafter reads, concatenated on features // [.., m·H].
+    /// Empty when the drafter reads no target context.
+    fn taps(&self) -> TapSet;
+    /// Calibrated per-position confidence thresholds, if the checkpoint has them.
+    fn thresholds(&self) -> Option<Vec<f32>> {
+        None
+    }
+    /// Starts a request: `ctx` holds the tapped rows of the prompt's committed tokens
+    /// // [1, L, m·H] (None when `taps()` is empty).
+    fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()>;
+    /// Committed context rows the drafter holds (must equal the target cache's offset).
+    fn context_len(&self) -> usize;
+    /// Proposes drafts after the anchor.
+    fn propose(&mut self, req: DraftRequest<'_>) -> Result<Proposal>;
+    /// Appends the tapped rows of the anchor and the accepted drafts // [1, k, m·H].
+    fn commit(&mut self, rows: Option<&Array>, k: usize) -> Result<()>;
+}

@@ -1,0 +1,202 @@
+//! `dspark.json`: the DSpark drafter checkpoint descriptor (spec-decode.md §12.1, §10.7).
+//!
+//! ```json
+//! { "kind": "dspark-drafter", "variant": "dspark", "version": 1,
+//!   "target_id": "<model>@<hidden>x<vocab>",
+//!   "config": { "gamma", "dDraft", "nLayers", "nHeads", "markovRank", "ffMult", "tapLayers",
+//!               "seqHead"?, "sts"?: { "thresholds", "target", "samples" } },
+//!   "dims": { "hiddenSize", "vocabSize", "eps" }, "param_names": [...] }
+//! ```
+//! Tap index `i < num_hidden_layers` is the residual after layer i; `i == num_hidden_layers` is
+//! the post-final-norm hidden (the original's sentinel).
+
+use std::path::Path;
+
+use gemma4::{TapPoint, TapSet, TextConfig};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// The descriptor's `kind`.
+pub const KIND: &str = "dspark-drafter";
+/// Variants this crate loads; `"dflash"` is the legacy spelling of the same module.
+pub const VARIANTS: [&str; 2] = ["dspark", "dflash"];
+
+/// Calibrated per-position confidence thresholds (`config.sts`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    pub thresholds: Vec<f32>,
+    pub target: f32,
+    #[serde(default)]
+    pub samples: usize,
+}
+
+/// Module hyper-parameters (`config`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DSparkConfig {
+    pub gamma: usize,
+    pub d_draft: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub markov_rank: usize,
+    pub ff_mult: usize,
+    pub tap_layers: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_head: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sts: Option<Calibration>,
+}
+
+/// Target dimensions the drafter was built for (`dims`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Dims {
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub eps: f32,
+}
+
+/// The whole descriptor.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Descriptor {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    pub version: u32,
+    pub target_id: String,
+    pub config: DSparkConfig,
+    pub dims: Dims,
+    pub param_names: Vec<String>,
+}
+
+impl DSparkConfig {
+    /// Checks internal consistency.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let bad = |d: String| Err(Error::checkpoint(path, d));
+        if self.gamma < 1 {
+            return bad("config.gamma must be >= 1".into());
+        }
+        if self.n_heads == 0 || self.d_draft == 0 || self.d_draft % self.n_heads != 0 {
+            return bad(format!("config.dDraft {} not divisible by nHeads {}", self.d_draft, self.n_heads));
+        }
+        if self.n_layers == 0 || self.ff_mult == 0 || self.markov_rank == 0 {
+            return bad("config.nLayers, ffMult and markovRank must be >= 1".into());
+        }
+        if self.tap_layers.is_empty() {
+            return bad("config.tapLayers is empty".into());
+        }
+        match self.seq_head.as_deref() {
+            None | Some("markov") => {}
+            Some(other) => return bad(format!("config.seqHead {other:?} is not supported (expected \"markov\")")),
+        }
+        if let Some(s) = &self.sts {
+            if s.thresholds.len() != self.gamma {
+                return bad(format!("config.sts.thresholds has {} entries, expected gamma = {}", s.thresholds.len(), self.gamma));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tap points on a target with `num_layers` decoder layers.
+    pub fn tap_set(&self, num_layers: usize) -> TapSet {
+        TapSet::new(self.tap_layers.iter().map(|&i| if i == num_layers { TapPoint::FinalNorm } else { TapPoint::Layer(i) }))
+    }
+
+    /// The canonical parameter order (names double as safetensors keys).
+    pub fn param_names(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for i in 0..self.n_layers {
+            for n in ["attn_norm", "q", "k", "v", "o", "ff_norm", "gate", "up", "down"] {
+                v.push(format!("bb.{i}.{n}"));
+            }
+        }
+        for n in ["W_c", "ctx_norm", "tok_proj", "mask_emb", "block_pos", "out_norm", "out_proj", "markov.w1", "markov.w2", "conf.w", "conf.b"] {
+            v.push(n.to_string());
+        }
+        v
+    }
+
+    /// Expected shape of each parameter for target `dims` and `m` taps.
+    pub fn param_shape(&self, name: &str, dims: &Dims) -> Option<Vec<i32>> {
+        let (d, di, r) = (self.d_draft as i32, (self.ff_mult * self.d_draft) as i32, self.markov_rank as i32);
+        let (h, v, m, g) = (dims.hidden_size as i32, dims.vocab_size as i32, self.tap_layers.len() as i32, self.gamma as i32);
+        if let Some(rest) = name.strip_prefix("bb.") {
+            let field = rest.split_once('.')?.1;
+            return Some(match field {
+                "attn_norm" | "ff_norm" => vec![d],
+                "q" | "k" | "v" | "o" => vec![d, d],
+                "gate" | "up" => vec![d, di],
+                "down" => vec![di, d],
+                _ => return None,
+            });
+        }
+        Some(match name {
+            "W_c" => vec![m * h, d],
+            "ctx_norm" | "out_norm" => vec![d],
+            "tok_proj" => vec![h, d],
+            "mask_emb" => vec![(g - 1).max(1), d],
+            "block_pos" => vec![g, d],
+            "out_proj" => vec![d, h],
+            "markov.w1" => vec![v, r],
+            "markov.w2" => vec![r, v],
+            "conf.w" => vec![d + r, 1],
+            "conf.b" => vec![1],
+            _ => return None,
+        })
+    }
+}
+
+/// `<model>@<hidden>x<vocab>`.
+pub fn target_id(model_name: &str, target: &TextConfig) -> String {
+    format!("{model_name}@{}x{}", target.hidden_size, target.vocab_size)
+}
+
+/// Reads and checks `dir/dspark.json`, refusing v1 (single-vector) checkpoints.
+pub fn read_descriptor(dir: &Path) -> Result<Descriptor> {
+    let path = dir.join("dspark.json");
+    if !path.is_file() {
+        return Err(Error::checkpoint(dir, "no dspark.json — not a DSpark checkpoint"));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let raw: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("invalid JSON: {e}")))?;
+    let variant = raw.get("variant").and_then(Value::as_str).map(str::to_string);
+    match variant.as_deref() {
+        Some(v) if VARIANTS.contains(&v) => {}
+        other => {
+            return Err(Error::checkpoint(
+                dir,
+                format!(
+                    "a v1 single-vector DSpark checkpoint (variant={}) — superseded and not loadable; retrain it as a \
+                     v2 (KV-injection, variant \"dspark\") checkpoint",
+                    other.unwrap_or("none")
+                ),
+            ))
+        }
+    }
+    let d: Descriptor = serde_json::from_value(raw).map_err(|e| Error::checkpoint(&path, format!("{e}")))?;
+    if d.kind != KIND {
+        return Err(Error::checkpoint(&path, format!("kind is {:?}, expected {KIND:?}", d.kind)));
+    }
+    d.config.validate(&path)?;
+    Ok(d)
+}
+
+/// Checks the drafter fits `target`.
+pub fn check_target(d: &Descriptor, target: &TextConfig) -> Result<()> {
+    let inc = |detail: String| Err(Error::Incompatible { drafter: format!("dspark ({})", d.target_id), detail });
+    if d.dims.hidden_size != target.hidden_size {
+        return inc(format!("drafter hiddenSize {} vs target hidden_size {}", d.dims.hidden_size, target.hidden_size));
+    }
+    if d.dims.vocab_size != target.vocab_size {
+        return inc(format!("drafter vocabSize {} vs target vocab_size {}", d.dims.vocab_size, target.vocab_size));
+    }
+    if let Some(&bad) = d.config.tap_layers.iter().find(|&&t| t > target.num_hidden_layers) {
+        return inc(format!(
+            "tap layer {bad} out of range for a {}-layer target (valid: 0..={}, {} = post-norm)",
+            target.num_hidden_layers, target.num_hidden_layers, target.num_hidden_layers
+        ));
+    }
+    Ok(())
+}

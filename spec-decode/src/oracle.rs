@@ -1,0 +1,75 @@
+//! A drafter that proposes the target's own continuation, by running the target on a copy of its
+//! cache (arrays are shared, so the copy is free until written). Acceptances are then near
+//! certain, which makes it the non-vacuous drafter for the lossless gates; it is slow (d target
+//! forwards per round) and not meant for production.
+
+use gemma4::generate::step_logits;
+use gemma4::TapSet;
+use mlx_core::{concatenate, Array, Dtype};
+
+use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
+use crate::error::Result;
+
+/// The target drafting for itself.
+pub struct SelfDrafter {
+    gamma: usize,
+    ctx_len: usize,
+}
+
+impl SelfDrafter {
+    /// Proposes up to `gamma` tokens per round.
+    pub fn new(gamma: usize) -> SelfDrafter {
+        SelfDrafter { gamma, ctx_len: 0 }
+    }
+}
+
+impl Drafter for SelfDrafter {
+    fn name(&self) -> String {
+        "self (target continuation)".into()
+    }
+
+    fn gamma(&self) -> usize {
+        self.gamma
+    }
+
+    fn taps(&self) -> TapSet {
+        TapSet::default()
+    }
+
+    fn reset(&mut self, _ctx: Option<&Array>, len: usize) -> Result<()> {
+        self.ctx_len = len;
+        Ok(())
+    }
+
+    fn context_len(&self) -> usize {
+        self.ctx_len
+    }
+
+    fn propose(&mut self, req: DraftRequest<'_>) -> Result<Proposal> {
+        let mut cache = req.target_cache.clone();
+        let mut tok = req.anchor.reshape(&[1, 1])?;
+        let mut sampling = req.sampling;
+        let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+        for _ in 0..req.max_drafts.min(self.gamma) {
+            let l = step_logits(req.target, &mut cache, &tok)?; // [1, V]
+            let t = match &mut sampling {
+                DraftSampling::Greedy => gemma4::sampling::logprobs(&l)?.argmax(-1, false)?,
+                DraftSampling::Sample { cfg, keys } => crate::probs::sample(&l, cfg, &keys.next_key()?)?,
+            }
+            .astype(Dtype::U32)?;
+            logits.push(l.astype(Dtype::F32)?);
+            tok = t.reshape(&[1, 1])?;
+            tokens.push(t);
+        }
+        let cat = |v: &[Array]| -> Result<Array> {
+            let r: Vec<&Array> = v.iter().collect();
+            Ok(concatenate(&r, 0)?)
+        };
+        Ok(Proposal { tokens: cat(&tokens)?, logits: Some(cat(&logits)?), confidence: None })
+    }
+
+    fn commit(&mut self, _rows: Option<&Array>, k: usize) -> Result<()> {
+        self.ctx_len += k;
+        Ok(())
+    }
+}

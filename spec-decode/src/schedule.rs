@@ -1,0 +1,87 @@
+//! Confidence-scheduled draft length (the paper's Algorithm 1, single-request form): the block
+//! is cut at the first position k ≥ 1 whose confidence is below that position's threshold.
+//! Position 0 is always kept, so a round verifies at least one draft. Pruning only truncates;
+//! it never re-draws, so the kept drafts are exactly those the unpruned drafter would propose.
+
+use crate::error::{Error, Result};
+
+/// Where thresholds come from. The sources do not combine: exactly one rule is in force.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub enum Pruning {
+    /// Verify every proposed draft.
+    #[default]
+    Off,
+    /// One threshold for every position.
+    MinConf(f32),
+    /// Per-position thresholds (index k = block position; entries past the end do not prune).
+    Thresholds(Vec<f32>),
+    /// The drafter checkpoint's calibrated thresholds (an error if it has none).
+    Calibrated,
+}
+
+impl Pruning {
+    /// True unless `Off`.
+    pub fn is_active(&self) -> bool {
+        !matches!(self, Pruning::Off)
+    }
+
+    /// Resolves `Calibrated` against the drafter's thresholds; validates ranges.
+    pub fn resolve(&self, calibrated: Option<Vec<f32>>) -> Result<Option<Vec<f32>>> {
+        let check = |v: &[f32]| -> Result<()> {
+            match v.iter().find(|t| !(0.0..=1.0).contains(*t)) {
+                Some(t) => Err(Error::Settings { field: "pruning", detail: format!("threshold {t} is outside [0, 1]") }),
+                None => Ok(()),
+            }
+        };
+        Ok(match self {
+            Pruning::Off => None,
+            Pruning::MinConf(t) => {
+                check(&[*t])?;
+                Some(vec![*t; 64])
+            }
+            Pruning::Thresholds(v) => {
+                check(v)?;
+                Some(v.clone())
+            }
+            Pruning::Calibrated => {
+                let v = calibrated.ok_or_else(|| Error::Settings {
+                    field: "pruning",
+                    detail: "the drafter checkpoint has no calibrated thresholds (config.sts); use a min confidence instead".into(),
+                })?;
+                check(&v)?;
+                Some(v)
+            }
+        })
+    }
+}
+
+/// The number of drafts kept: the first k ≥ 1 with `conf[k] < thresholds[k]`, else all.
+pub fn kept_len(conf: &[f32], thresholds: &[f32]) -> usize {
+    (1..conf.len()).find(|&k| thresholds.get(k).is_some_and(|&t| conf[k] < t)).unwrap_or(conf.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn position_zero_is_never_pruned() {
+        assert_eq!(kept_len(&[0.0, 0.9], &[1.0, 0.5]), 2);
+        assert_eq!(kept_len(&[0.1], &[0.9]), 1);
+    }
+
+    #[test]
+    fn cuts_at_first_low_confidence() {
+        assert_eq!(kept_len(&[0.9, 0.8, 0.3, 0.9], &[0.5; 4]), 2);
+        assert_eq!(kept_len(&[0.9, 0.8, 0.7], &[0.5; 4]), 3);
+        assert_eq!(kept_len(&[0.9, 0.8, 0.7], &[0.0, 0.0]), 3, "positions without a threshold never prune");
+    }
+
+    #[test]
+    fn calibrated_needs_thresholds() {
+        assert!(Pruning::Calibrated.resolve(None).is_err());
+        assert_eq!(Pruning::Calibrated.resolve(Some(vec![0.0, 0.4])).unwrap(), Some(vec![0.0, 0.4]));
+        assert!(Pruning::MinConf(1.5).resolve(None).is_err());
+        assert_eq!(Pruning::Off.resolve(Some(vec![0.3])).unwrap(), None);
+    }
+}
