@@ -73,29 +73,70 @@ pub struct SpecOutput {
     pub stats: SpecStats,
 }
 
-/// Runs the prompt through the target with taps, in chunks, returning the tapped rows of all
-/// but the last token // [1, L−1, m·H] (None for a one-token prompt or no taps).
-fn tapped_prefill(target: &Model, cache: &mut Cache, head: &[u32], taps: &TapSet, step: usize, stats: &mut SpecStats) -> Result<Option<Array>> {
+/// The state after the tail-split prefill: the target cache holds every prompt token but the
+/// last, whose tapped rows seed the drafter; the last prompt token is pending. Reusable: every
+/// decode from it starts from a copy of the cache (arrays are shared, so copies are free).
+#[derive(Clone, Debug)]
+pub struct Prefilled {
+    cache: Cache,
+    /// Tapped rows of the committed prompt tokens // [1, L−1, m·H]
+    ctx: Option<Array>,
+    taps: TapSet,
+    pending: u32,
+    committed: usize,
+    prompt_tokens: usize,
+    forwards: usize,
+    ms: f64,
+}
+
+impl Prefilled {
+    /// Tokens in the target cache.
+    pub fn committed(&self) -> usize {
+        self.committed
+    }
+}
+
+/// Runs all but the last prompt token through the target (tapped with `taps`, in chunks of
+/// `step`), evaluating the cache after each chunk.
+pub fn prefill(target: &Model, taps: &TapSet, prompt: &[u32], step: usize) -> Result<Prefilled> {
+    let vocab = target.config().vocab_size;
+    let Some((&last, head)) = prompt.split_last() else {
+        return Err(Error::Settings { field: "prompt", detail: "the prompt is empty".into() });
+    };
+    if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::Settings { field: "prompt", detail: format!("token id {bad} is outside the vocabulary of {vocab}") });
+    }
+    let t0 = Instant::now();
+    let mut cache = target.new_cache();
     let mut rows = Vec::new();
+    let mut forwards = 0;
     for chunk in head.chunks(step.max(1)) {
         let ids = gemma4::generate::ids_array(chunk)?;
         if taps.is_empty() {
-            target.forward(&ids, Some(cache))?;
-        } else {
-            let out = target.forward_tapped(&ids, Some(cache), taps)?;
-            if let Some(t) = out.taps {
-                mlx_core::eval(&[&t])?;
-                rows.push(t);
-            }
+            target.forward(&ids, Some(&mut cache))?;
+        } else if let Some(t) = target.forward_tapped(&ids, Some(&mut cache), taps)?.taps {
+            mlx_core::eval(&[&t])?;
+            rows.push(t);
         }
         cache.eval()?;
-        stats.prefill_forwards += 1;
+        forwards += 1;
     }
-    if rows.is_empty() {
-        return Ok(None);
-    }
-    let refs: Vec<&Array> = rows.iter().collect();
-    Ok(Some(concatenate(&refs, 1)?))
+    let ctx = if rows.is_empty() {
+        None
+    } else {
+        let refs: Vec<&Array> = rows.iter().collect();
+        Some(concatenate(&refs, 1)?)
+    };
+    Ok(Prefilled {
+        cache,
+        ctx,
+        taps: taps.clone(),
+        pending: last,
+        committed: head.len(),
+        prompt_tokens: prompt.len(),
+        forwards,
+        ms: t0.elapsed().as_secs_f64() * 1e3,
+    })
 }
 
 /// Speculative decoding of `prompt`; `on_token` sees each emitted token in order.
@@ -106,14 +147,15 @@ pub fn speculative_generate(
     cfg: &SpecConfig,
     on_token: impl FnMut(u32),
 ) -> Result<SpecOutput> {
-    speculative_generate_with(target, drafter, prompt, cfg, VerifyRule::Exact, on_token)
+    let pre = prefill(target, &drafter.taps(), prompt, cfg.prefill_step)?;
+    decode_from(target, drafter, &pre, cfg, VerifyRule::Exact, on_token)
 }
 
-#[doc(hidden)]
-pub fn speculative_generate_with(
+/// Speculative decoding from a prefilled prompt (which must have been tapped for this drafter).
+pub fn decode_from(
     target: &Model,
     drafter: &mut dyn Drafter,
-    prompt: &[u32],
+    pre: &Prefilled,
     cfg: &SpecConfig,
     rule: VerifyRule,
     mut on_token: impl FnMut(u32),
@@ -130,24 +172,23 @@ pub fn speculative_generate_with(
     }
     cfg.sampler.validate(vocab)?;
     let thresholds = cfg.pruning.resolve(drafter.thresholds())?;
-    let Some((&last, head)) = prompt.split_last() else {
-        return Err(Error::Settings { field: "prompt", detail: "the prompt is empty".into() });
-    };
-    if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(Error::Settings { field: "prompt", detail: format!("token id {bad} is outside the vocabulary of {vocab}") });
+    let taps = drafter.taps();
+    if taps != pre.taps {
+        return Err(Error::Contract("the prefill was tapped for a different drafter".into()));
     }
     let greedy = cfg.sampler.is_greedy();
-    let mut stats = SpecStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut stats = SpecStats {
+        prompt_tokens: pre.prompt_tokens,
+        prefill_forwards: pre.forwards,
+        prefill_ms: pre.ms,
+        ..Default::default()
+    };
     let mut keys = KeyChain::new(cfg.seed)?;
-    let mut cache = target.new_cache();
-    let taps = drafter.taps();
-    let t0 = Instant::now();
-    let ctx = tapped_prefill(target, &mut cache, head, &taps, cfg.prefill_step, &mut stats)?;
-    drafter.reset(ctx.as_ref(), head.len())?;
-    stats.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut cache = pre.cache.clone();
     let t1 = Instant::now();
+    drafter.reset(pre.ctx.as_ref(), pre.committed)?;
 
-    let mut pending = last;
+    let mut pending = pre.pending;
     let mut tokens = Vec::new();
     let finish = 'rounds: loop {
         if tokens.len() >= cfg.max_tokens {

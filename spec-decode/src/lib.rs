@@ -8,6 +8,7 @@ pub mod decode;
 pub mod deepspec;
 pub mod drafter;
 pub mod dspark;
+pub mod loader;
 mod error;
 pub mod oracle;
 pub mod probs;
@@ -15,7 +16,7 @@ pub mod schedule;
 pub mod stats;
 
 pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
-pub use decode::{speculative_generate, FinishReason, SpecConfig, SpecOutput};
+pub use decode::{decode_from, prefill, speculative_generate, FinishReason, Prefilled, SpecConfig, SpecOutput};
 pub use error::{Error, Result};
 pub use schedule::Pruning;
 pub use stats::SpecStats;

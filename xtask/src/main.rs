@@ -1,5 +1,7 @@
 //! `cargo xtask …`: the project's gates and benchmarks.
 
+mod chisq;
+mod gates;
 mod parity;
 mod venv;
 
@@ -29,6 +31,21 @@ enum Cmd {
         #[arg(long)]
         venv: Option<PathBuf>,
     },
+    /// Speculative-decoding losslessness gates: greedy parity and distribution equality.
+    Gates {
+        /// Tokens per greedy-parity run.
+        #[arg(long, default_value_t = 128)]
+        tokens: usize,
+        /// Speculative samples per distribution-equality condition.
+        #[arg(long, default_value_t = 20_000)]
+        samples: usize,
+        /// Run only this gate (greedy-parity or distribution-equality).
+        #[arg(long)]
+        only: Option<String>,
+        /// Where checkpoints go.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn target_dir() -> PathBuf {
@@ -43,6 +60,21 @@ fn main() -> Result<()> {
             let dir = dir.unwrap_or_else(|| target_dir().join("parity"));
             let venv = venv.unwrap_or_else(|| target_dir().join("reference-venv"));
             parity::run(&dir, &venv, tokens)
+        }
+        Cmd::Gates { tokens, samples, only, dir } => {
+            let dir = dir.unwrap_or_else(|| target_dir().join("gates"));
+            std::fs::create_dir_all(&dir)?;
+            let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+            if let Some(o) = only.as_deref().filter(|o| !["greedy-parity", "distribution-equality"].contains(o)) {
+                anyhow::bail!("--only {o:?}: expected greedy-parity or distribution-equality");
+            }
+            if run("greedy-parity") {
+                gates::greedy_parity(&dir, tokens)?;
+            }
+            if run("distribution-equality") {
+                gates::distribution_equality(&dir, samples)?;
+            }
+            Ok(())
         }
     }
 }

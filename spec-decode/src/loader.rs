@@ -1,0 +1,61 @@
+//! One entry point for drafter checkpoints: detects the kind from the files, loads it, and
+//! checks it fits the target (hidden size, vocabulary, tap layers, depth).
+//!
+//! - `dspark.json` → a DSpark drafter (v1 single-vector checkpoints are refused with the reason);
+//! - `config.json` with `architectures[0] == "Gemma4DSparkModel"` → a DeepSpec drafter;
+//! - anything else is refused, naming what was found (a target model gets pointed elsewhere).
+
+use std::path::Path;
+
+use gemma4::TextConfig;
+use serde_json::Value;
+
+use crate::deepspec::{DeepSpecDrafter, ARCHITECTURE};
+use crate::dspark::DSparkDrafter;
+use crate::drafter::Drafter;
+use crate::error::{Error, Result};
+
+/// The checkpoint kinds this crate loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrafterKind {
+    DSpark,
+    DeepSpec,
+}
+
+/// Detects the kind of the checkpoint in `dir` from its files.
+pub fn detect(dir: &Path) -> Result<DrafterKind> {
+    if !dir.is_dir() {
+        return Err(Error::checkpoint(dir, "not a directory"));
+    }
+    if dir.join("dspark.json").is_file() {
+        return Ok(DrafterKind::DSpark);
+    }
+    let config = dir.join("config.json");
+    if !config.is_file() {
+        return Err(Error::checkpoint(dir, "neither dspark.json (DSpark) nor config.json (DeepSpec) found — not a drafter checkpoint"));
+    }
+    let text = std::fs::read_to_string(&config).map_err(|source| Error::Io { path: config.clone(), source })?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&config, format!("invalid JSON: {e}")))?;
+    let arch = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
+    if arch == Some(ARCHITECTURE) {
+        return Ok(DrafterKind::DeepSpec);
+    }
+    let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let hint = if model_type.starts_with("gemma4") {
+        format!(" — it is a Gemma-4 target model (model_type {model_type:?}); pass it as --model, not --drafter")
+    } else {
+        String::new()
+    };
+    Err(Error::checkpoint(
+        &config,
+        format!("architectures[0] is {arch:?}, expected {ARCHITECTURE:?} for a DeepSpec drafter (model_type {model_type:?}){hint}"),
+    ))
+}
+
+/// Loads the drafter in `dir` for `target`.
+pub fn load_drafter(dir: &Path, target: &TextConfig) -> Result<Box<dyn Drafter>> {
+    Ok(match detect(dir)? {
+        DrafterKind::DSpark => Box::new(DSparkDrafter::load(dir, target)?),
+        DrafterKind::DeepSpec => Box::new(DeepSpecDrafter::load(dir, target)?),
+    })
+}

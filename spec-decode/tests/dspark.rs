@@ -1,0 +1,156 @@
+//! DSpark checkpoints: save/load round trip, the loader's refusals, and context caching.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use gemma4::checkpoint::write_random_checkpoint;
+use gemma4::config::{tiny_config_a, tiny_config_b};
+use gemma4::{Model, TextConfig};
+use mlx_core::{Array, Dtype};
+use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
+use spec_decode::loader::{detect, load_drafter, DrafterKind};
+use spec_decode::{DraftRequest, DraftSampling, Drafter, Error};
+
+fn scratch(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dspark-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn target_dir() -> &'static PathBuf {
+    static T: OnceLock<PathBuf> = OnceLock::new();
+    T.get_or_init(|| write_random_checkpoint(&scratch("target"), &tiny_config_a(), 5, Dtype::Bf16, 1, true).unwrap())
+}
+
+fn target() -> (&'static PathBuf, Model) {
+    let dir = target_dir();
+    (dir, Model::load(dir).unwrap())
+}
+
+fn cfg(gamma: usize, taps: Vec<usize>) -> DSparkConfig {
+    DSparkConfig { gamma, d_draft: 64, n_layers: 2, n_heads: 4, markov_rank: 16, ff_mult: 2, tap_layers: taps, seq_head: None, sts: None }
+}
+
+fn tapped_rows(m: &Model, d: &dyn Drafter, ids: &[u32]) -> Array {
+    let a = gemma4::generate::ids_array(ids).unwrap();
+    m.forward_tapped(&a, None, &d.taps()).unwrap().taps.unwrap()
+}
+
+fn propose_greedy(m: &Model, d: &mut dyn Drafter, anchor: u32, pos: usize) -> (Vec<u32>, Vec<u8>, Vec<f32>) {
+    let cache = m.new_cache();
+    let a = Array::from_slice(&[anchor], &[1]).unwrap();
+    let req = DraftRequest { anchor: &a, position: pos, max_drafts: 4, sampling: DraftSampling::Greedy, target: m, target_cache: &cache };
+    let p = d.propose(req).unwrap();
+    (p.tokens.to_vec::<u32>().unwrap(), p.logits.unwrap().to_bytes().unwrap(), p.confidence.unwrap().to_f32_vec().unwrap())
+}
+
+#[test]
+fn save_load_round_trip_is_bit_exact() {
+    let (_, m) = &target();
+    let mut a = DSparkDrafter::init(cfg(4, vec![1, 3, 6]), m.config(), "tiny", 3, true).unwrap();
+    let dir = a.save(&scratch("rt"), false).unwrap();
+    assert_eq!(detect(&dir).unwrap(), DrafterKind::DSpark);
+    let mut b = load_drafter(&dir, m.config()).unwrap();
+    let ids: Vec<u32> = (4..14).collect();
+    let rows = tapped_rows(m, &a, &ids);
+    a.reset(Some(&rows), ids.len()).unwrap();
+    b.reset(Some(&rows), ids.len()).unwrap();
+    assert_eq!(propose_greedy(m, &mut a, 20, ids.len()), propose_greedy(m, b.as_mut(), 20, ids.len()));
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("dspark.json")).unwrap()).unwrap();
+    assert_eq!(json["kind"], "dspark-drafter");
+    assert_eq!(json["variant"], "dspark");
+    assert_eq!(json["target_id"], "tiny@128x512");
+    assert_eq!(json["config"]["gamma"], 4);
+    assert_eq!(json["dims"]["hiddenSize"], 128);
+    assert_eq!(json["param_names"].as_array().unwrap().len(), 2 * 9 + 11);
+    // No temporary directory is left beside the checkpoint.
+    let parent = dir.parent().unwrap();
+    assert!(std::fs::read_dir(parent).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().contains(".tmp-")));
+}
+
+#[test]
+fn cached_context_equals_reprojecting_everything() {
+    let (_, m) = &target();
+    let mut inc = DSparkDrafter::init(cfg(4, vec![0, 2, 5]), m.config(), "tiny", 9, true).unwrap();
+    let mut full = DSparkDrafter::init(cfg(4, vec![0, 2, 5]), m.config(), "tiny", 9, true).unwrap();
+    let ids: Vec<u32> = (30..42).collect();
+    let rows = tapped_rows(m, &inc, &ids);
+    inc.reset(Some(&rows.slice_axis(1, 0, 7).unwrap()), 7).unwrap();
+    inc.commit(Some(&rows.slice_axis(1, 7, 9).unwrap()), 2).unwrap();
+    inc.commit(Some(&rows.slice_axis(1, 9, 12).unwrap()), 3).unwrap();
+    full.reset(Some(&rows), 12).unwrap();
+    assert_eq!(inc.context_len(), 12);
+    assert_eq!(propose_greedy(m, &mut inc, 7, 12), propose_greedy(m, &mut full, 7, 12));
+    assert!(inc.commit(Some(&rows.slice_axis(1, 0, 2).unwrap()), 3).is_err(), "row count must match");
+}
+
+#[test]
+fn confidence_is_a_probability() {
+    let (_, m) = &target();
+    let mut d = DSparkDrafter::init(cfg(4, vec![1]), m.config(), "tiny", 1, true).unwrap();
+    let rows = tapped_rows(m, &d, &[5, 6, 7]);
+    d.reset(Some(&rows), 3).unwrap();
+    let (tokens, _, conf) = propose_greedy(m, &mut d, 8, 3);
+    assert_eq!(tokens.len(), 4);
+    assert!(conf.iter().all(|c| *c > 0.0 && *c < 1.0), "{conf:?}");
+    let zero = DSparkDrafter::init(cfg(4, vec![1]), m.config(), "tiny", 1, false).unwrap();
+    let mut zero = zero;
+    zero.reset(Some(&rows), 3).unwrap();
+    let (_, _, c) = propose_greedy(m, &mut zero, 8, 3);
+    assert!(c.iter().all(|&x| x == 0.5), "zero-init confidence head gives 0.5: {c:?}");
+}
+
+fn err_text(r: spec_decode::Result<Box<dyn Drafter>>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn loader_refusals_name_the_problem() {
+    let (target_dir, m) = &target();
+    let d = DSparkDrafter::init(cfg(4, vec![1, 3]), m.config(), "tiny", 3, false).unwrap();
+    let good = d.save(&scratch("good"), false).unwrap();
+    let copy = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> PathBuf {
+        let dir = scratch(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(good.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(good.join("dspark.json")).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(dir.join("dspark.json"), v.to_string()).unwrap();
+        dir
+    };
+    // v1 single-vector checkpoints: no variant.
+    let v1 = copy("v1", &|v| {
+        v.as_object_mut().unwrap().remove("variant");
+    });
+    let e = err_text(load_drafter(&v1, m.config()));
+    assert!(e.contains("v1") && e.contains("superseded") && e.contains("retrain"), "{e}");
+    let kind = copy("kind", &|v| v["kind"] = "something-else".into());
+    assert!(err_text(load_drafter(&kind, m.config())).contains("kind"));
+    let taps = copy("taps", &|v| v["config"]["tapLayers"] = serde_json::json!([1, 40]));
+    let e = err_text(load_drafter(&taps, m.config()));
+    assert!(e.contains("tap layer 40"), "{e}");
+    let heads = copy("heads", &|v| v["config"]["nHeads"] = 5.into());
+    assert!(err_text(load_drafter(&heads, m.config())).contains("not divisible"));
+    // A different target (hidden 128 but vocab differs) is refused.
+    let mut json = tiny_config_b().to_json_value();
+    json["vocab_size"] = 256.into();
+    let other = TextConfig::from_json_str(&json.to_string()).unwrap();
+    let e = err_text(load_drafter(&good, &other));
+    assert!(e.contains("vocabSize 512") && e.contains("vocab_size 256"), "{e}");
+    // Mis-shaped and missing tensors.
+    let gamma = copy("gamma", &|v| v["config"]["gamma"] = 6.into());
+    let e = err_text(load_drafter(&gamma, m.config()));
+    assert!(e.contains("mask_emb") && e.contains("[3, 64]") && e.contains("[5, 64]"), "{e}");
+    let missing = copy("missing", &|v| v["config"]["nLayers"] = 3.into());
+    let e = err_text(load_drafter(&missing, m.config()));
+    assert!(e.contains("missing tensor") && e.contains("bb.2"), "{e}");
+    // A target model passed as a drafter is pointed the right way.
+    let e = err_text(load_drafter(target_dir, m.config()));
+    assert!(e.contains("target model") && e.contains("--model"), "{e}");
+    let e = err_text(load_drafter(&scratch("nothing-here"), m.config()));
+    assert!(e.contains("not a directory"), "{e}");
+    assert!(matches!(load_drafter(&v1, m.config()), Err(Error::Checkpoint { .. })));
+}
