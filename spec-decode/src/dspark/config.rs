@@ -69,6 +69,9 @@ pub struct Descriptor {
     pub config: DSparkConfig,
     pub dims: Dims,
     pub param_names: Vec<String>,
+    /// MLX affine quantization block (drafter-quant output), mlx-lm layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Value>,
 }
 
 impl DSparkConfig {

@@ -15,7 +15,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gemma4::checkpoint::{write_json, StagedDir};
+use gemma4::config::QuantizationConfig;
+use gemma4::weights::{LinearWeights, WeightMap};
 use gemma4::{TapSet, TextConfig};
+use mlx_core::quant::Quantized;
 use mlx_core::random::{self, KeyChain};
 use mlx_core::{concatenate, fast, gelu_approx, Array, Dtype};
 
@@ -23,16 +26,49 @@ use super::config::{check_target, read_descriptor, target_id, DSparkConfig, Desc
 use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 use crate::error::{Error, Result};
 
+/// A matrix parameter: dense [in, out] (`x @ W`), or MLX-affine quantized Wᵀ [out, in]
+/// (`quantized_matmul(x, Wᵀ, transpose)`), as drafter-quant writes it.
+#[derive(Clone)]
+enum Mat {
+    Dense(Array),
+    Quant(Quantized),
+}
+
+impl Mat {
+    /// `x @ W` // [.., in] -> [.., out]
+    fn apply(&self, x: &Array) -> Result<Array> {
+        Ok(match self {
+            Mat::Dense(w) => x.matmul(w)?,
+            Mat::Quant(q) => q.matmul_t(x)?,
+        })
+    }
+
+    /// Rows of a gather table (stored as is, rows = tokens) // [n] -> [n, cols]
+    fn rows(&self, ids: &Array) -> Result<Array> {
+        Ok(match self {
+            Mat::Dense(w) => w.take(ids, 0)?,
+            Mat::Quant(q) => q.gather_rows(ids)?.astype(Dtype::F32)?,
+        })
+    }
+}
+
 struct Layer {
     attn_norm: Array,
-    q: Array,
-    k: Array,
-    v: Array,
-    o: Array,
+    q: Mat,
+    k: Mat,
+    v: Mat,
+    o: Mat,
     ff_norm: Array,
-    gate: Array,
-    up: Array,
-    down: Array,
+    gate: Mat,
+    up: Mat,
+    down: Mat,
+}
+
+/// Parameters that may be quantized: the matmul weights and the Markov gather table.
+fn quantizable(name: &str) -> bool {
+    let field = name.rsplit('.').next().unwrap_or(name);
+    (name.starts_with("bb.") && ["q", "k", "v", "o", "gate", "up", "down"].contains(&field))
+        || ["W_c", "tok_proj", "out_proj", "markov.w1", "markov.w2"].contains(&name)
 }
 
 /// Cached context keys and values of one layer // [1, heads, L, hd]
@@ -49,7 +85,10 @@ pub struct DSparkDrafter {
     target_id: String,
     taps: TapSet,
     layers: Vec<Layer>,
+    /// Dense parameters by name (everything not quantized).
     params: BTreeMap<String, Array>,
+    /// Matrix parameters, dense or quantized.
+    mats: BTreeMap<String, Mat>,
     ctx: Option<Vec<LayerCtx>>,
     ctx_len: usize,
 }
@@ -59,24 +98,51 @@ fn p<'a>(params: &'a BTreeMap<String, Array>, name: &str) -> Result<&'a Array> {
 }
 
 impl DSparkDrafter {
-    fn from_params(cfg: DSparkConfig, dims: Dims, target_id: String, taps: TapSet, params: BTreeMap<String, Array>) -> Result<Self> {
+    fn from_params(
+        cfg: DSparkConfig,
+        dims: Dims,
+        target_id: String,
+        taps: TapSet,
+        mut params: BTreeMap<String, Array>,
+        quantized: BTreeMap<String, Quantized>,
+    ) -> Result<Self> {
+        let mut mats = BTreeMap::new();
+        for name in cfg.param_names().into_iter().filter(|n| quantizable(n)) {
+            let m = match quantized.get(&name) {
+                Some(q) => Mat::Quant(q.clone()),
+                None => Mat::Dense(params.get(&name).cloned().ok_or_else(|| Error::Contract(format!("dspark parameter {name} missing")))?),
+            };
+            mats.insert(name, m);
+        }
+        params.retain(|n, _| !quantized.contains_key(n));
+        let mat = |n: String| mats.get(&n).cloned().ok_or_else(|| Error::Contract(format!("dspark parameter {n} missing")));
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 let g = |n: &str| p(&params, &format!("bb.{i}.{n}")).cloned();
+                let m = |n: &str| mat(format!("bb.{i}.{n}"));
                 Ok(Layer {
                     attn_norm: g("attn_norm")?,
-                    q: g("q")?,
-                    k: g("k")?,
-                    v: g("v")?,
-                    o: g("o")?,
+                    q: m("q")?,
+                    k: m("k")?,
+                    v: m("v")?,
+                    o: m("o")?,
                     ff_norm: g("ff_norm")?,
-                    gate: g("gate")?,
-                    up: g("up")?,
-                    down: g("down")?,
+                    gate: m("gate")?,
+                    up: m("up")?,
+                    down: m("down")?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(DSparkDrafter { cfg, dims, target_id, taps, layers, params, ctx: None, ctx_len: 0 })
+        Ok(DSparkDrafter { cfg, dims, target_id, taps, layers, params, mats, ctx: None, ctx_len: 0 })
+    }
+
+    fn mat(&self, name: &str) -> Result<&Mat> {
+        self.mats.get(name).ok_or_else(|| Error::Contract(format!("dspark parameter {name} missing")))
+    }
+
+    /// True if any matrix is quantized.
+    pub fn is_quantized(&self) -> bool {
+        self.mats.values().any(|m| matches!(m, Mat::Quant(_)))
     }
 
     /// A freshly initialised drafter for `target` (spec §10.3: norms 1, matrices N(0, 0.02²),
@@ -103,7 +169,7 @@ impl DSparkDrafter {
             params.insert(name, a);
         }
         let taps = cfg.tap_set(target.num_hidden_layers);
-        Self::from_params(cfg, dims, target_id(model_name, target), taps, params)
+        Self::from_params(cfg, dims, target_id(model_name, target), taps, params, BTreeMap::new())
     }
 
     /// Loads `dir` (dspark.json + model*.safetensors) for `target`.
@@ -111,21 +177,48 @@ impl DSparkDrafter {
         let d = read_descriptor(dir)?;
         check_target(&d, target)?;
         let raw = gemma4::weights::load_raw(dir)?;
+        let quant_cfg = match &d.quantization {
+            Some(v) => Some(QuantizationConfig::from_json(v, "quantization").map_err(|e| Error::checkpoint(&dir.join("dspark.json"), e.to_string()))?),
+            None => None,
+        };
+        // Quantized tensors are read by gemma4's WeightMap: one implementation for targets and
+        // drafters. A quantized matrix P stores quantize(Pᵀ) as P.weight / P.scales / P.biases.
+        let mut wm = WeightMap::from_tensors(dir, raw.clone(), "", quant_cfg.clone());
         let mut params = BTreeMap::new();
+        let mut quantized = BTreeMap::new();
         for name in d.config.param_names() {
-            let a = raw.get(&name).ok_or_else(|| Error::checkpoint(dir, format!("missing tensor {name:?}")))?;
             let want = d.config.param_shape(&name, &d.dims).unwrap_or_default();
+            if raw.contains_key(&format!("{name}.scales")) {
+                if quant_cfg.is_none() {
+                    return Err(Error::checkpoint(dir, format!("{name} has quantized tensors (.scales) but dspark.json has no quantization block")));
+                }
+                // Gather tables keep their stored orientation; matmul weights are stored transposed.
+                let (out, inp) = if name == "markov.w1" { (want[0], want[1]) } else { (want[1], want[0]) };
+                match wm.linear(&name, out as usize, inp as usize)? {
+                    LinearWeights::Quantized(q) => {
+                        quantized.insert(name, q);
+                    }
+                    LinearWeights::Dense(a) => {
+                        params.insert(name, a.astype(Dtype::F32)?);
+                    }
+                }
+                continue;
+            }
+            let a = raw.get(&name).ok_or_else(|| Error::checkpoint(dir, format!("missing tensor {name:?}")))?;
             if a.shape() != want {
                 return Err(Error::checkpoint(dir, format!("tensor {name:?} has shape {:?}, expected {want:?}", a.shape())));
             }
             params.insert(name, a.astype(Dtype::F32)?);
         }
         let taps = d.config.tap_set(target.num_hidden_layers);
-        Self::from_params(d.config, d.dims, d.target_id, taps, params)
+        Self::from_params(d.config, d.dims, d.target_id, taps, params, quantized)
     }
 
     /// Writes the checkpoint (dspark.json + model.safetensors) atomically.
     pub fn save(&self, dest: &Path, force: bool) -> Result<PathBuf> {
+        if self.is_quantized() {
+            return Err(Error::Contract("a quantized DSpark drafter is written by drafter-quant, not saved".into()));
+        }
         let staged = StagedDir::new(dest, force)?;
         let names = self.cfg.param_names();
         let tensors: Vec<(&str, &Array)> = names.iter().filter_map(|n| self.params.get(n).map(|a| (n.as_str(), a))).collect();
@@ -139,6 +232,7 @@ impl DSparkDrafter {
             config: self.cfg.clone(),
             dims: self.dims.clone(),
             param_names: names,
+            quantization: None,
         };
         let v = serde_json::to_value(&d).map_err(|e| Error::Contract(e.to_string()))?;
         write_json(&staged.path().join("dspark.json"), &v)?;
@@ -168,13 +262,13 @@ impl DSparkDrafter {
 
     /// Projects tapped rows into every layer's context K/V // [1, L, m·H] -> per layer [1, h, L, hd]
     fn project_context(&self, rows: &Array) -> Result<Vec<LayerCtx>> {
-        let x = rows.astype(Dtype::F32)?.matmul(p(&self.params, "W_c")?)?;
+        let x = self.mat("W_c")?.apply(&rows.astype(Dtype::F32)?)?;
         let hctx = self.rms(&x, p(&self.params, "ctx_norm")?)?; // [1, L, D]
         self.layers
             .iter()
             .map(|l| {
                 let nc = self.rms(&hctx, &l.attn_norm)?;
-                Ok(LayerCtx { k: self.heads(&nc.matmul(&l.k)?)?, v: self.heads(&nc.matmul(&l.v)?)? })
+                Ok(LayerCtx { k: self.heads(&l.k.apply(&nc)?)?, v: self.heads(&l.v.apply(&nc)?)? })
             })
             .collect()
     }
@@ -184,7 +278,7 @@ impl DSparkDrafter {
         let g = self.cfg.gamma as i32;
         let emb = target.embed_raw(&anchor.reshape(&[1, 1])?)?.astype(Dtype::F32)?; // [1, 1, H]
         let pos = p(&self.params, "block_pos")?;
-        let row0 = emb.matmul(p(&self.params, "tok_proj")?)?.add(&pos.slice_axis(0, 0, 1)?)?;
+        let row0 = self.mat("tok_proj")?.apply(&emb)?.add(&pos.slice_axis(0, 0, 1)?)?;
         let mut h = if g > 1 {
             let masks = p(&self.params, "mask_emb")?.add(&pos.slice_axis(0, 1, g)?)?.expand_dims(0)?;
             concatenate(&[&row0, &masks], 1)?
@@ -195,14 +289,14 @@ impl DSparkDrafter {
         let scale = ((self.cfg.d_draft / self.cfg.n_heads) as f32).powf(-0.5);
         for (l, c) in self.layers.iter().zip(ctx) {
             let nd = self.rms(&h, &l.attn_norm)?;
-            let q = self.heads(&nd.matmul(&l.q)?)?;
-            let k = concatenate(&[&c.k, &self.heads(&nd.matmul(&l.k)?)?], 2)?;
-            let v = concatenate(&[&c.v, &self.heads(&nd.matmul(&l.v)?)?], 2)?;
+            let q = self.heads(&l.q.apply(&nd)?)?;
+            let k = concatenate(&[&c.k, &self.heads(&l.k.apply(&nd)?)?], 2)?;
+            let v = concatenate(&[&c.v, &self.heads(&l.v.apply(&nd)?)?], 2)?;
             let a = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::None)?; // no mask: bidirectional
-            let a = a.transpose(&[0, 2, 1, 3])?.reshape(&[1, g, -1])?.matmul(&l.o)?;
+            let a = l.o.apply(&a.transpose(&[0, 2, 1, 3])?.reshape(&[1, g, -1])?)?;
             h = h.add(&a)?;
             let f = self.rms(&h, &l.ff_norm)?;
-            let ff = gelu_approx(&f.matmul(&l.gate)?)?.multiply(&f.matmul(&l.up)?)?.matmul(&l.down)?;
+            let ff = l.down.apply(&gelu_approx(&l.gate.apply(&f)?)?.multiply(&l.up.apply(&f)?)?)?;
             h = h.add(&ff)?;
         }
         self.rms(&h, p(&self.params, "out_norm")?)
@@ -243,17 +337,17 @@ impl Drafter for DSparkDrafter {
     fn propose(&mut self, req: DraftRequest<'_>) -> Result<Proposal> {
         let n = req.max_drafts.clamp(1, self.cfg.gamma);
         let block = self.backbone(req.target, req.anchor)?; // [1, γ, D]
-        let to_target = block.matmul(p(&self.params, "out_proj")?)?.astype(req.target.dtype())?;
+        let to_target = self.mat("out_proj")?.apply(&block)?.astype(req.target.dtype())?;
         let u = req.target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?.squeeze(0)?; // [γ, V]
-        let (w1, w2) = (p(&self.params, "markov.w1")?, p(&self.params, "markov.w2")?);
+        let (w1, w2) = (self.mat("markov.w1")?, self.mat("markov.w2")?);
         let (cw, cb) = (p(&self.params, "conf.w")?, p(&self.params, "conf.b")?);
         let block = block.squeeze(0)?; // [γ, D]
         let mut prev = req.anchor.reshape(&[1])?;
         let mut sampling = req.sampling;
         let (mut tokens, mut logits, mut conf) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for k in 0..n as i32 {
-            let e1 = w1.take(&prev, 0)?; // [1, r]
-            let lk = u.slice_axis(0, k, k + 1)?.add(&e1.matmul(w2)?)?; // [1, V] f32
+            let e1 = w1.rows(&prev)?; // [1, r]
+            let lk = u.slice_axis(0, k, k + 1)?.add(&w2.apply(&e1)?.astype(Dtype::F32)?)?; // [1, V] f32
             let tok = match &mut sampling {
                 DraftSampling::Greedy => lk.argmax(-1, false)?,
                 DraftSampling::Sample { cfg, keys } => crate::probs::sample(&lk, cfg, &keys.next_key()?)?,
