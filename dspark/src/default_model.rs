@@ -14,6 +14,21 @@ const SEED: u64 = 20261202;
 /// Bumped when the default's contents change, so stale caches are rebuilt.
 const VERSION: u32 = 1;
 
+/// The default drafter: a DSpark checkpoint whose Markov head is fitted (by counting) to the
+/// default model's own greedy continuations, written next to the model on first use.
+pub fn ensure_drafter(model_dir: &std::path::Path, force: bool) -> Result<PathBuf> {
+    let dir = home().join(format!("default-drafter-v{VERSION}"));
+    if !force && dir.join("dspark.json").is_file() {
+        return Ok(dir);
+    }
+    eprintln!("dspark: fitting the embedded default drafter to the default model (once) -> {}", dir.display());
+    let model = gemma4::Model::load(model_dir)?;
+    let v = model.config().vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..32u32).map(|i| (0..6).map(|j| 4 + (i * 31 + j * 17) % (v - 4)).collect()).collect();
+    let d = spec_decode::dspark::fit_bigram_drafter(&model, "dspark-default", &prompts, 96, 4)?;
+    Ok(d.save(&dir, true)?)
+}
+
 /// Where the default lives: `$DSPARK_HOME`, else `$XDG_CACHE_HOME/dspark`, else `~/.cache/dspark`.
 pub fn home() -> PathBuf {
     if let Some(h) = std::env::var_os("DSPARK_HOME") {

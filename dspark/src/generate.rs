@@ -46,6 +46,23 @@ pub struct Args {
     /// cpu or gpu (Metal on Apple Silicon, CUDA with the mlx-cuda wheels).
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// Speculative decoding with this drafter: a DSpark (dspark.json) or DeepSpec
+    /// (Gemma4DSparkModel) checkpoint directory, `default` for the embedded default drafter, or
+    /// `self` (the target drafting for itself; a test drafter). Absent: plain decoding.
+    #[arg(long)]
+    drafter: Option<String>,
+    /// Drafts per round (default: the drafter's block size).
+    #[arg(long)]
+    gamma: Option<usize>,
+    /// Prune each draft block at the first position whose confidence is below this.
+    #[arg(long, conflicts_with = "calibrated")]
+    min_conf: Option<f32>,
+    /// Prune with the drafter checkpoint's calibrated per-position thresholds.
+    #[arg(long)]
+    calibrated: bool,
+    /// Also run plain decoding on the same prompt and report both speeds.
+    #[arg(long, requires = "drafter")]
+    compare: bool,
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -92,11 +109,27 @@ pub fn run(a: Args) -> Result<()> {
         prefill_step: 2048,
         stop_tokens: if a.ignore_eos { vec![] } else { model.config().eos_token_ids.clone() },
     };
+    let drafter = match a.drafter.as_deref() {
+        None => None,
+        Some("self") => Some(Box::new(spec_decode::oracle::SelfDrafter::new(a.gamma.unwrap_or(4))) as Box<dyn spec_decode::Drafter>),
+        Some(d) => {
+            let ddir = if d == "default" {
+                if a.model.is_some() {
+                    bail!("--drafter default belongs to the embedded default model; pass a drafter directory for --model");
+                }
+                crate::default_model::ensure_drafter(&dir, false)?
+            } else {
+                PathBuf::from(d)
+            };
+            eprintln!("dspark: loading drafter {}", ddir.display());
+            Some(spec_decode::loader::load_drafter(&ddir, model.config()).with_context(|| format!("loading the drafter in {}", ddir.display()))?)
+        }
+    };
     let mut out = std::io::stdout().lock();
     let mut ids: Vec<u32> = Vec::new();
     let mut printed = String::new();
     let mut err: Option<anyhow::Error> = None;
-    let gen = generate(&model, &prompt, &cfg, |t| {
+    let mut emit = |t: u32| {
         ids.push(t);
         let piece = match &tokenizer {
             None => format!("{}{t}", if ids.len() > 1 { " " } else { "" }),
@@ -119,7 +152,46 @@ pub fn run(a: Args) -> Result<()> {
         };
         let _ = write!(out, "{piece}");
         let _ = out.flush();
-    })?;
+    };
+    if let Some(mut drafter) = drafter {
+        let spec = spec_decode::SpecConfig {
+            gamma: a.gamma.unwrap_or(drafter.gamma()),
+            max_tokens: cfg.max_tokens,
+            sampler: cfg.sampler.clone(),
+            seed: cfg.seed,
+            stop_tokens: cfg.stop_tokens.clone(),
+            prefill_step: cfg.prefill_step,
+            pruning: match (a.min_conf, a.calibrated) {
+                (Some(c), _) => spec_decode::Pruning::MinConf(c),
+                (None, true) => spec_decode::Pruning::Calibrated,
+                (None, false) => spec_decode::Pruning::Off,
+            },
+        };
+        let res = spec_decode::speculative_generate(&model, drafter.as_mut(), &prompt, &spec, &mut emit)?;
+        drop(emit);
+        writeln!(out)?;
+        if let Some(e) = err {
+            return Err(e);
+        }
+        eprintln!("drafter: {} | γ {} | finish: {}", drafter.name(), spec.gamma, finish_name(res.finish));
+        eprintln!("{}", res.stats.summary());
+        if a.compare {
+            let plain = generate(&model, &prompt, &cfg, |_| {})?;
+            let same = plain.tokens == res.tokens;
+            eprintln!(
+                "plain decoding: {:.1} tok/s | speculative: {:.1} tok/s | speedup {:.2}x | outputs identical: {same}",
+                plain.stats.decode_tok_per_s(),
+                res.stats.decode_tok_per_s(),
+                res.stats.decode_tok_per_s() / plain.stats.decode_tok_per_s().max(1e-9)
+            );
+            if cfg.sampler.is_greedy() && !same {
+                bail!("greedy speculative output differs from plain greedy output");
+            }
+        }
+        return Ok(());
+    }
+    let gen = generate(&model, &prompt, &cfg, &mut emit)?;
+    drop(emit);
     writeln!(out)?;
     if let Some(e) = err {
         return Err(e);
@@ -132,10 +204,14 @@ pub fn run(a: Args) -> Result<()> {
         s.prefill_tok_per_s(),
         s.generated_tokens,
         s.decode_tok_per_s(),
-        match gen.finish {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
+        finish_name(gen.finish)
     );
     Ok(())
+}
+
+fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
 }

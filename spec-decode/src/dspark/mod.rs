@@ -1,7 +1,10 @@
-//! DSpark drafters: the v2 KV-injection module and its checkpoint format.
+//! DSpark drafters: the v2 KV-injection module, its checkpoint format, and a counting-fitted
+//! variant for the embedded default.
 
 pub mod config;
+mod fit;
 mod model;
 
 pub use config::{Calibration, DSparkConfig, Descriptor};
+pub use fit::fit_bigram_drafter;
 pub use model::DSparkDrafter;

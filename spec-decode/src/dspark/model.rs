@@ -98,7 +98,7 @@ fn p<'a>(params: &'a BTreeMap<String, Array>, name: &str) -> Result<&'a Array> {
 }
 
 impl DSparkDrafter {
-    fn from_params(
+    pub(super) fn from_params(
         cfg: DSparkConfig,
         dims: Dims,
         target_id: String,
@@ -170,6 +170,22 @@ impl DSparkDrafter {
         }
         let taps = cfg.tap_set(target.num_hidden_layers);
         Self::from_params(cfg, dims, target_id(model_name, target), taps, params, BTreeMap::new())
+    }
+
+    /// Replaces dense parameters (shapes are checked) and rebuilds the module.
+    pub fn with_params(self, updates: BTreeMap<String, Array>) -> Result<Self> {
+        if self.is_quantized() {
+            return Err(Error::Contract("cannot update parameters of a quantized drafter".into()));
+        }
+        let mut params = self.params;
+        for (name, a) in updates {
+            let want = self.cfg.param_shape(&name, &self.dims).ok_or_else(|| Error::Contract(format!("unknown parameter {name}")))?;
+            if a.shape() != want {
+                return Err(Error::Contract(format!("parameter {name}: shape {:?}, expected {want:?}", a.shape())));
+            }
+            params.insert(name, a.astype(Dtype::F32)?);
+        }
+        Self::from_params(self.cfg, self.dims, self.target_id, self.taps, params, BTreeMap::new())
     }
 
     /// Loads `dir` (dspark.json + model*.safetensors) for `target`.

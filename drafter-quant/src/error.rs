@@ -1,0 +1,65 @@
+//! Errors of drafter-quant. Every refusal names the path (and the tensor, where there is one)
+//! and says what to do instead; failures of the crates underneath are kept as sources.
+
+use std::path::PathBuf;
+
+/// Errors from quantizing a drafter checkpoint.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("--bits {0} is not supported: expected 4 or 8")]
+    UnsupportedBits(u32),
+    #[error("--group-size {0} is not supported: expected 32 or 64")]
+    UnsupportedGroupSize(u32),
+    /// The source is not a DeepSpec or DSpark checkpoint; `detail` says what was found.
+    #[error("{}: not a drafter checkpoint: {detail}", path.display())]
+    NotDrafter { path: PathBuf, detail: String },
+    /// The source is a Gemma-4 target model.
+    #[error(
+        "{}: this is a Gemma-4 target model (model_type {model_type:?}), not a drafter — quantize targets with the \
+         target-model quantizer (gemma4::checkpoint::quantize_checkpoint)",
+        path.display()
+    )]
+    TargetModel { path: PathBuf, model_type: String },
+    #[error("{}: source is already quantized ({evidence}) — start from the bf16 checkpoint", path.display())]
+    AlreadyQuantized { path: PathBuf, evidence: String },
+    /// A matrix whose quantized axis the group size does not divide (mlx-lm would silently keep
+    /// it dense; we refuse so no matrix is left at full precision by accident).
+    #[error(
+        "{}: tensor {tensor:?} {shape:?}: its quantized axis has {axis_len} elements, which group size {group_size} \
+         does not divide{}",
+        path.display(),
+        if *more > 0 { format!(" (and {more} more tensors like it)") } else { String::new() }
+    )]
+    NotDivisible { path: PathBuf, tensor: String, shape: Vec<i32>, axis_len: i32, group_size: u32, more: usize },
+    /// A parameter the format says is a matrix is not 2-D.
+    #[error("{}: tensor {tensor:?} has shape {shape:?}, expected a 2-D matrix", path.display())]
+    NotMatrix { path: PathBuf, tensor: String, shape: Vec<i32> },
+    #[error("{}: output directory exists and is not empty (use --force to replace it)", path.display())]
+    OutputNotEmpty { path: PathBuf },
+    #[error("output {} would replace the source checkpoint {}", dst.display(), src.display())]
+    OutputIsSource { src: PathBuf, dst: PathBuf },
+    /// The written checkpoint did not load or draft (the output is not committed).
+    #[error("load smoke of {} failed at {stage}: {source}", path.display())]
+    Smoke { path: PathBuf, stage: &'static str, source: spec_decode::Error },
+    /// The written checkpoint drafted, but with the wrong shapes or values.
+    #[error("load smoke of {}: {what}", path.display())]
+    SmokeCheck { path: PathBuf, what: String },
+    #[error(transparent)]
+    Drafter(#[from] spec_decode::Error),
+    #[error(transparent)]
+    Checkpoint(#[from] gemma4::Error),
+    #[error(transparent)]
+    Mlx(#[from] mlx_core::Error),
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}: invalid JSON: {source}", path.display())]
+    Json { path: PathBuf, source: serde_json::Error },
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io { path: path.to_path_buf(), source }
+}
