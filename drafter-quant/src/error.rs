@@ -40,15 +40,17 @@ pub enum Error {
     #[error("output {} would replace the source checkpoint {}", dst.display(), src.display())]
     OutputIsSource { src: PathBuf, dst: PathBuf },
     /// The written checkpoint did not load or draft (the output is not committed).
-    #[error("load smoke of {} failed at {stage}: {source}", path.display())]
-    Smoke { path: PathBuf, stage: &'static str, source: spec_decode::Error },
+    #[error("load smoke of {} failed at {stage}", path.display())]
+    Smoke { path: PathBuf, stage: &'static str, source: Box<spec_decode::Error> },
     /// The written checkpoint drafted, but with the wrong shapes or values.
     #[error("load smoke of {}: {what}", path.display())]
     SmokeCheck { path: PathBuf, what: String },
+    /// From the drafter crate (config parsing, loading); boxed, it is large.
     #[error(transparent)]
-    Drafter(#[from] spec_decode::Error),
+    Drafter(Box<spec_decode::Error>),
+    /// From gemma4 (checkpoint files, staging); boxed, it is large.
     #[error(transparent)]
-    Checkpoint(#[from] gemma4::Error),
+    Checkpoint(Box<gemma4::Error>),
     #[error(transparent)]
     Mlx(#[from] mlx_core::Error),
     #[error("{}: {source}", path.display())]
@@ -59,6 +61,18 @@ pub enum Error {
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<spec_decode::Error> for Error {
+    fn from(e: spec_decode::Error) -> Error {
+        Error::Drafter(Box::new(e))
+    }
+}
+
+impl From<gemma4::Error> for Error {
+    fn from(e: gemma4::Error) -> Error {
+        Error::Checkpoint(Box::new(e))
+    }
+}
 
 pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: path.to_path_buf(), source }

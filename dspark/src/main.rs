@@ -2,6 +2,7 @@
 
 mod default_model;
 mod generate;
+mod quantize_drafter;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -17,6 +18,8 @@ struct Cli {
 enum Cmd {
     /// Generate text (or token ids) from a prompt.
     Generate(generate::Args),
+    /// Write an MLX-affine-quantized copy of a drafter checkpoint (DSpark or DeepSpec).
+    QuantizeDrafter(quantize_drafter::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
     InitDefault {
         /// Replace an existing default checkpoint.
@@ -28,9 +31,12 @@ enum Cmd {
 fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Generate(args) => generate::run(args),
+        Cmd::QuantizeDrafter(args) => quantize_drafter::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;
+            let drafter = default_model::ensure_drafter(&dir, force)?;
             println!("{}", dir.display());
+            println!("{}", drafter.display());
             Ok(())
         }
     }

@@ -122,7 +122,12 @@ pub fn prefill(target: &Model, taps: &TapSet, prompt: &[u32], step: usize) -> Re
         forwards += 1;
     }
     let ctx = if rows.is_empty() {
-        None
+        // A one-token prompt commits nothing: an empty context of the right width.
+        (!taps.is_empty()).then(|| {
+            let width = (taps.points().len() * target.config().hidden_size) as i32;
+            Array::zeros(&[1, 0, width], target.dtype())
+        })
+        .transpose()?
     } else {
         let refs: Vec<&Array> = rows.iter().collect();
         Some(concatenate(&refs, 1)?)

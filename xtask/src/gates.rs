@@ -20,7 +20,8 @@ use gemma4::sampling::{logprobs, Sampler, SamplerConfig};
 use gemma4::{Model, TextConfig};
 use mlx_core::{Array, Dtype};
 use spec_decode::decode::{decode_from, prefill, VerifyRule};
-use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
+use spec_decode::deepspec::{write_synthetic_deepspec, DeepSpecDrafter, SyntheticDeepSpec};
+use spec_decode::dspark::{fit_bigram_drafter, DSparkConfig, DSparkDrafter};
 use spec_decode::oracle::SelfDrafter;
 use spec_decode::probs::probabilities;
 use spec_decode::{speculative_generate, Drafter, Pruning, SpecConfig};
@@ -82,13 +83,23 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
     let mut failures = Vec::new();
     let mut self_accepted = 0;
     let mut dspark_drafted = 0;
+    let mut fitted_accepted = 0;
     for t in targets(root)? {
         let model = Model::load(&t.dir).with_context(|| format!("loading {}", t.dir.display()))?;
         let p = prompt(21, model.config().vocab_size as u32);
         let plain = generate(&model, &p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?.tokens;
+        let cfg = model.config();
+        let n = cfg.num_hidden_layers;
+        let ds_opts = SyntheticDeepSpec { block_size: 7, target_layer_ids: vec![1, n / 2, n - 1], ..SyntheticDeepSpec::default() };
+        let ds_dir = write_synthetic_deepspec(&root.join(format!("deepspec-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))), cfg, &ds_opts)?;
+        let fit_prompts: Vec<Vec<u32>> = (0..8u32).map(|i| prompt(6, cfg.vocab_size as u32).iter().map(|x| 4 + (x + i * 53) % (cfg.vocab_size as u32 - 4)).collect()).collect();
+        let fitted = fit_bigram_drafter(&model, "tiny", &fit_prompts, 64, 7)?;
+        let fitted_dir = fitted.save(&root.join(format!("fitted-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))), true)?;
         for gamma in [1usize, 3, 7] {
             let mut drafters: Vec<(String, Box<dyn Drafter>, Vec<Pruning>)> = vec![
-                ("dspark (random init)".into(), Box::new(random_dspark(model.config(), 7, 7)?), vec![Pruning::Off, Pruning::MinConf(0.5)]),
+                ("dspark (random init)".into(), Box::new(random_dspark(cfg, 7, 7)?), vec![Pruning::Off, Pruning::MinConf(0.5)]),
+                ("dspark (bigram-fitted)".into(), Box::new(DSparkDrafter::load(&fitted_dir, cfg)?), vec![Pruning::Off, Pruning::MinConf(0.3)]),
+                ("deepspec (synthetic)".into(), Box::new(DeepSpecDrafter::load(&ds_dir, cfg)?), vec![Pruning::Off, Pruning::MinConf(0.5)]),
                 ("self (target continuation)".into(), Box::new(SelfDrafter::new(7)), vec![Pruning::Off]),
             ];
             for (name, drafter, prunings) in drafters.iter_mut() {
@@ -119,6 +130,8 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
                     }
                     if name.starts_with("self") {
                         self_accepted += s.accepted;
+                    } else if name.contains("fitted") {
+                        fitted_accepted += s.accepted;
                     } else {
                         dspark_drafted += s.drafted;
                     }
@@ -126,8 +139,10 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
             }
         }
     }
-    println!("\ngreedy-parity: self-drafter accepted {self_accepted} drafts in total; random DSpark verified {dspark_drafted} drafts");
-    if self_accepted == 0 {
+    println!(
+        "\ngreedy-parity: accepted drafts: self-drafter {self_accepted}, bigram-fitted DSpark {fitted_accepted}; random-init drafters verified {dspark_drafted} drafts"
+    );
+    if self_accepted == 0 || fitted_accepted == 0 {
         bail!("greedy-parity is vacuous: no draft was ever accepted");
     }
     if !failures.is_empty() {

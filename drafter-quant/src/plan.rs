@@ -1,0 +1,169 @@
+//! Reading the source checkpoint and deciding, tensor by tensor, what gets written.
+//!
+//! DeepSpec (spec §15.2, HF `[out, in]` linears): every 2-D `<module>.weight` is quantized along
+//! its last axis — all projections, `fc`, `lm_head`, `markov_head.markov_w2` and the gather
+//! tables `embed_tokens`, `markov_head.markov_w1` — except `confidence_head.*`, which is kept
+//! and written as a `false` entry. DSpark (f32, `[in, out]`): the matmul parameters are
+//! quantized transposed (so the packed matrix is `[out, in]`), the gather table `markov.w1` as
+//! stored; `conf.w` / `conf.b` get `false` entries. Everything else passes through unchanged.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use mlx_core::{Array, Dtype};
+use serde_json::Value;
+use spec_decode::deepspec::{DeepSpecConfig, ARCHITECTURE};
+use spec_decode::loader::{detect, DrafterKind};
+
+use crate::error::{io, Error, Result};
+
+/// DSpark matmul fields inside each backbone layer `bb.{i}`.
+const DSPARK_LAYER_MATS: [&str; 7] = ["q", "k", "v", "o", "gate", "up", "down"];
+/// DSpark matmul parameters outside the backbone.
+const DSPARK_MATS: [&str; 4] = ["W_c", "tok_proj", "out_proj", "markov.w2"];
+/// DSpark gather table (rows are tokens).
+const DSPARK_GATHER: &str = "markov.w1";
+/// DSpark parameters kept dense by policy (threshold-sensitive confidence head).
+const DSPARK_DENSE: [&str; 2] = ["conf.w", "conf.b"];
+/// DeepSpec modules under this prefix are kept dense by policy.
+const DEEPSPEC_DENSE_PREFIX: &str = "confidence_head.";
+
+/// A source checkpoint, opened lazily (tensor data is read when evaluated).
+pub(crate) struct Source {
+    pub kind: DrafterKind,
+    /// `config.json` (DeepSpec) or `dspark.json` (DSpark).
+    pub config_file: &'static str,
+    pub config: Value,
+    pub tensors: BTreeMap<String, Array>,
+}
+
+/// What happens to one source tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Action {
+    /// Cast to bf16, transpose if asked, quantize along the last axis, write
+    /// `module.weight` (packed) / `module.scales` / `module.biases`.
+    Quantize { module: String, transpose: bool },
+    /// Written unchanged under its own name.
+    Keep,
+}
+
+/// The per-tensor decisions plus the modules recorded as `false` in the quantization block.
+pub(crate) struct Plan {
+    pub entries: Vec<(String, Action)>,
+    pub dense_modules: BTreeSet<String>,
+}
+
+/// Opens `src`, refusing anything but an unquantized DeepSpec or DSpark checkpoint.
+pub(crate) fn open(src: &Path) -> Result<Source> {
+    let kind = detect(src).map_err(|e| not_a_drafter(src, e))?;
+    let config_file = match kind {
+        DrafterKind::DeepSpec => "config.json",
+        DrafterKind::DSpark => "dspark.json",
+    };
+    let config = read_json(&src.join(config_file))?;
+    for key in ["quantization", "quantization_config"] {
+        if config.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(Error::AlreadyQuantized { path: src.to_path_buf(), evidence: format!("{config_file} has a {key:?} block") });
+        }
+    }
+    match kind {
+        DrafterKind::DeepSpec => drop(DeepSpecConfig::from_dir(src)?),
+        DrafterKind::DSpark => drop(spec_decode::dspark::config::read_descriptor(src)?),
+    }
+    let tensors = gemma4::weights::load_raw(src)?;
+    let packed = tensors.iter().find(|(n, a)| n.ends_with(".scales") || a.dtype() == Dtype::U32);
+    if let Some((name, _)) = packed {
+        return Err(Error::AlreadyQuantized { path: src.to_path_buf(), evidence: format!("it has the packed tensor {name:?}") });
+    }
+    Ok(Source { kind, config_file, config, tensors })
+}
+
+/// Decides every tensor's fate; refuses matrices the group size does not divide (all are
+/// checked before anything is written).
+pub(crate) fn plan(src: &Source, path: &Path, group_size: u32) -> Result<Plan> {
+    let mut entries = Vec::with_capacity(src.tensors.len());
+    let mut dense_modules = BTreeSet::new();
+    for (name, a) in &src.tensors {
+        let action = match src.kind {
+            DrafterKind::DeepSpec => deepspec_action(name, a, &mut dense_modules),
+            DrafterKind::DSpark => dspark_action(name, a, path)?,
+        };
+        entries.push((name.clone(), action));
+    }
+    if src.kind == DrafterKind::DSpark {
+        dense_modules.extend(DSPARK_DENSE.iter().map(|s| s.to_string()));
+    }
+    let bad: Vec<(&String, &Array, i32)> = entries
+        .iter()
+        .filter_map(|(name, act)| match act {
+            Action::Quantize { transpose, .. } => {
+                let a = &src.tensors[name];
+                let axis_len = a.dim(if *transpose { 0 } else { -1 }).unwrap_or(0);
+                (axis_len % group_size as i32 != 0).then_some((name, a, axis_len))
+            }
+            Action::Keep => None,
+        })
+        .collect();
+    if let Some(&(name, a, axis_len)) = bad.first() {
+        return Err(Error::NotDivisible {
+            path: path.to_path_buf(),
+            tensor: name.clone(),
+            shape: a.shape(),
+            axis_len,
+            group_size,
+            more: bad.len() - 1,
+        });
+    }
+    Ok(Plan { entries, dense_modules })
+}
+
+fn deepspec_action(name: &str, a: &Array, dense: &mut BTreeSet<String>) -> Action {
+    if name.starts_with(DEEPSPEC_DENSE_PREFIX) {
+        if let Some((module, _)) = name.rsplit_once('.') {
+            dense.insert(module.to_string());
+        }
+        return Action::Keep;
+    }
+    match name.strip_suffix(".weight") {
+        Some(module) if a.ndim() == 2 => Action::Quantize { module: module.to_string(), transpose: false },
+        _ => Action::Keep,
+    }
+}
+
+fn dspark_action(name: &str, a: &Array, path: &Path) -> Result<Action> {
+    let is_layer_mat = name
+        .strip_prefix("bb.")
+        .and_then(|rest| rest.split_once('.'))
+        .is_some_and(|(i, field)| i.parse::<usize>().is_ok() && DSPARK_LAYER_MATS.contains(&field));
+    let transpose = is_layer_mat || DSPARK_MATS.contains(&name);
+    if !transpose && name != DSPARK_GATHER {
+        return Ok(Action::Keep);
+    }
+    if a.ndim() != 2 {
+        return Err(Error::NotMatrix { path: path.to_path_buf(), tensor: name.to_string(), shape: a.shape() });
+    }
+    Ok(Action::Quantize { module: name.to_string(), transpose })
+}
+
+/// Maps a detection failure to "target model" (pointing at the target quantizer) or
+/// "not a drafter" (naming what was found).
+fn not_a_drafter(src: &Path, e: spec_decode::Error) -> Error {
+    let config = src.join("config.json");
+    if let Ok(v) = read_json(&config) {
+        let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
+        let arch = v.get("architectures").and_then(|a| a.get(0)).and_then(Value::as_str);
+        if model_type.starts_with("gemma4") && arch != Some(ARCHITECTURE) {
+            return Error::TargetModel { path: src.to_path_buf(), model_type: model_type.to_string() };
+        }
+    }
+    let detail = match e {
+        spec_decode::Error::Checkpoint { detail, .. } => detail,
+        other => other.to_string(),
+    };
+    Error::NotDrafter { path: src.to_path_buf(), detail }
+}
+
+pub(crate) fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    serde_json::from_str(&text).map_err(|source| Error::Json { path: path.to_path_buf(), source })
+}

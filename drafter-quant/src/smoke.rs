@@ -1,0 +1,119 @@
+//! The load smoke: reload the written checkpoint through the drafter loader (the same code that
+//! serves it), project one context row and run one full greedy draft round on a target, and
+//! check the shapes. A wrong spec or layout fails here, not at serve time.
+//!
+//! A drafter fits only the target it was trained for, so the target is either the caller's
+//! (`Smoke::Target`) or, when the drafter's dims are gemma4's tiny config A, a random tiny
+//! model built in memory (`Smoke::Auto`; any other drafter is skipped with a warning).
+
+use std::path::{Path, PathBuf};
+
+use gemma4::checkpoint::random_weights;
+use gemma4::config::tiny_config_a;
+use gemma4::weights::WeightMap;
+use gemma4::Model;
+use mlx_core::{Array, Dtype};
+use spec_decode::loader::load_drafter;
+use spec_decode::{DraftRequest, DraftSampling, Drafter, Proposal};
+
+use crate::error::{Error, Result};
+
+/// Which target the load smoke runs on.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum Smoke {
+    /// No smoke.
+    Off,
+    /// The tiny random target if the drafter fits gemma4's tiny config A, else skip (warning).
+    #[default]
+    Auto,
+    /// The drafter's real target checkpoint.
+    Target(PathBuf),
+}
+
+/// What the smoke did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SmokeOutcome {
+    /// One round drafted `drafts` tokens with `[drafts, vocab]` logits on `target`.
+    Passed { target: String, drafts: usize, vocab: usize },
+    Skipped { reason: String },
+}
+
+/// The two-token prompt of the smoke: the first token's tapped row seeds the context, the
+/// second is the anchor.
+const PROMPT: [u32; 2] = [2, 5];
+
+/// A random bf16 model with gemma4's tiny config A, built in memory.
+pub fn tiny_target(seed: u64) -> gemma4::Result<Model> {
+    let cfg = tiny_config_a();
+    let weights = random_weights(&cfg, seed, Dtype::Bf16)?;
+    let mut wm = WeightMap::from_tensors(Path::new("<tiny target A>"), weights, "model.", None);
+    let model = Model::from_weights(cfg, &mut wm)?;
+    wm.finish()?;
+    Ok(model)
+}
+
+/// One draft round: `reset` with the tapped row of `PROMPT[0]` (one context-projection row),
+/// then a greedy `propose` of γ drafts after `PROMPT[1]`.
+pub fn draft_round(drafter: &mut dyn Drafter, target: &Model) -> spec_decode::Result<Proposal> {
+    let mut cache = target.new_cache();
+    let taps = drafter.taps();
+    let ids = gemma4::generate::ids_array(&PROMPT[..1])?;
+    let rows = if taps.is_empty() {
+        target.forward(&ids, Some(&mut cache))?;
+        None
+    } else {
+        target.forward_tapped(&ids, Some(&mut cache), &taps)?.taps
+    };
+    drafter.reset(rows.as_ref(), 1)?;
+    let anchor = Array::from_slice(&PROMPT[1..], &[1])?;
+    drafter.propose(DraftRequest {
+        anchor: &anchor,
+        position: 1,
+        max_drafts: drafter.gamma(),
+        sampling: DraftSampling::Greedy,
+        target,
+        target_cache: &cache,
+    })
+}
+
+/// Runs the smoke on the checkpoint at `dir`; errors name `report_as` (the final output path).
+pub(crate) fn run(dir: &Path, report_as: &Path, smoke: &Smoke, warn: &mut dyn FnMut(String)) -> Result<SmokeOutcome> {
+    let fail = |stage: &'static str| move |source: spec_decode::Error| Error::Smoke { path: report_as.to_path_buf(), stage, source: Box::new(source) };
+    let (target, mut drafter, name) = match smoke {
+        Smoke::Off => return Ok(SmokeOutcome::Skipped { reason: "disabled (--no-smoke)".into() }),
+        Smoke::Target(t) => {
+            let target = Model::load(t).map_err(|e| fail("loading the smoke target")(e.into()))?;
+            let drafter = load_drafter(dir, target.config()).map_err(fail("reloading the drafter"))?;
+            (target, drafter, t.display().to_string())
+        }
+        Smoke::Auto => match load_drafter(dir, &tiny_config_a()) {
+            Err(spec_decode::Error::Incompatible { detail, .. }) => {
+                let reason = format!(
+                    "the drafter was built for another target ({detail}); pass --smoke-target <its target dir> to \
+                     smoke-test it, or --no-smoke to silence this warning"
+                );
+                warn(format!("load smoke skipped: {reason}"));
+                return Ok(SmokeOutcome::Skipped { reason });
+            }
+            Err(e) => return Err(fail("reloading the drafter")(e)),
+            Ok(d) => (tiny_target(0).map_err(|e| fail("building the tiny target")(e.into()))?, d, "tiny config A".to_string()),
+        },
+    };
+    let p = draft_round(drafter.as_mut(), &target).map_err(fail("drafting one round"))?;
+    let (d, v) = (drafter.gamma(), target.config().vocab_size);
+    let check = |what: &str, got: Vec<i32>, want: Vec<i32>| {
+        if got == want {
+            Ok(())
+        } else {
+            Err(Error::SmokeCheck { path: report_as.to_path_buf(), what: format!("{what} have shape {got:?}, expected {want:?}") })
+        }
+    };
+    check("draft tokens", p.tokens.shape(), vec![d as i32])?;
+    let logits = p.logits.as_ref().ok_or_else(|| Error::SmokeCheck { path: report_as.to_path_buf(), what: "no draft logits".into() })?;
+    check("draft logits", logits.shape(), vec![d as i32, v as i32])?;
+    let values = logits.to_f32_vec()?;
+    if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+        return Err(Error::SmokeCheck { path: report_as.to_path_buf(), what: format!("draft logit {i} is {}", values[i]) });
+    }
+    Ok(SmokeOutcome::Passed { target: name, drafts: d, vocab: v })
+}

@@ -1,0 +1,48 @@
+//! The `dspark quantize-drafter` glue (dspark/src/quantize_drafter.rs), compiled here so it is
+//! tested without the dspark binary: argument parsing, defaults, and a run end to end.
+
+mod common;
+
+#[path = "../../dspark/src/quantize_drafter.rs"]
+mod quantize_drafter;
+
+use clap::Parser;
+use common::*;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: quantize_drafter::Args,
+}
+
+fn parse(argv: &[&str]) -> Result<quantize_drafter::Args, clap::Error> {
+    Cli::try_parse_from(std::iter::once("quantize-drafter").chain(argv.iter().copied())).map(|c| c.args)
+}
+
+#[test]
+fn parses_defaults_and_rejects_conflicting_smoke_flags() {
+    let a = parse(&["--src", "d"]).unwrap();
+    assert_eq!((a.bits, a.group_size, a.force, a.no_smoke, a.out, a.smoke_target), (4, 64, false, false, None, None));
+    let a = parse(&["--src", "d", "--out", "o", "--bits", "8", "--group-size", "32", "--force", "--no-smoke"]).unwrap();
+    assert_eq!((a.bits, a.group_size, a.force, a.no_smoke), (8, 32, true, true));
+    assert!(parse(&["--src", "d", "--no-smoke", "--smoke-target", "t"]).is_err());
+    assert!(parse(&[]).is_err(), "--src is required");
+}
+
+#[test]
+fn runs_end_to_end_with_the_default_output_dir() {
+    let s = Scratch::new("cli");
+    let src = write_dspark(&s.join("drafter"), dspark_config(64));
+    let args = parse(&["--src", src.to_str().unwrap(), "--bits", "8", "--group-size", "32"]).unwrap();
+    quantize_drafter::run(args).unwrap();
+    let out = s.join("drafter-affine-q8-g32");
+    assert_eq!(json(&out.join("dspark.json"))["quantization"]["bits"], 8);
+    // A second run refuses the now non-empty output, then --force replaces it.
+    let args = parse(&["--src", src.to_str().unwrap(), "--bits", "8", "--group-size", "32"]).unwrap();
+    let e = quantize_drafter::run(args).unwrap_err();
+    assert!(e.to_string().contains("--force"), "{e}");
+    let args = parse(&["--src", src.to_str().unwrap(), "--bits", "8", "--group-size", "32", "--force", "--no-smoke"]).unwrap();
+    quantize_drafter::run(args).unwrap();
+    let bad = parse(&["--src", src.to_str().unwrap(), "--bits", "3"]).unwrap();
+    assert!(quantize_drafter::run(bad).unwrap_err().to_string().contains("expected 4 or 8"));
+}
