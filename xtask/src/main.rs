@@ -39,7 +39,7 @@ enum Cmd {
         /// Speculative samples per distribution-equality condition.
         #[arg(long, default_value_t = 20_000)]
         samples: usize,
-        /// Run only this gate (greedy-parity or distribution-equality).
+        /// Run only this gate (greedy-parity, quantized-drafters or distribution-equality).
         #[arg(long)]
         only: Option<String>,
         /// Where checkpoints go.
@@ -65,11 +65,14 @@ fn main() -> Result<()> {
             let dir = dir.unwrap_or_else(|| target_dir().join("gates"));
             std::fs::create_dir_all(&dir)?;
             let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
-            if let Some(o) = only.as_deref().filter(|o| !["greedy-parity", "distribution-equality"].contains(o)) {
-                anyhow::bail!("--only {o:?}: expected greedy-parity or distribution-equality");
+            if let Some(o) = only.as_deref().filter(|o| !["greedy-parity", "quantized-drafters", "distribution-equality"].contains(o)) {
+                anyhow::bail!("--only {o:?}: expected greedy-parity, quantized-drafters or distribution-equality");
             }
             if run("greedy-parity") {
                 gates::greedy_parity(&dir, tokens)?;
+            }
+            if run("quantized-drafters") {
+                gates::quantized_drafters(&dir, tokens)?;
             }
             if run("distribution-equality") {
                 gates::distribution_equality(&dir, samples)?;
