@@ -227,8 +227,7 @@ impl Model {
                         })
                     })
                     .collect::<Result<_>>()?;
-                let refs: Vec<&Array> = parts.iter().collect();
-                Some(concatenate(&refs, -1)?)
+                Some(concatenate(&parts, -1)?)
             }
             _ => None,
         };

@@ -129,8 +129,7 @@ pub fn prefill(target: &Model, taps: &TapSet, prompt: &[u32], step: usize) -> Re
         })
         .transpose()?
     } else {
-        let refs: Vec<&Array> = rows.iter().collect();
-        Some(concatenate(&refs, 1)?)
+        Some(concatenate(&rows, 1)?)
     };
     Ok(Prefilled {
         cache,

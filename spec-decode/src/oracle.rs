@@ -61,11 +61,7 @@ impl Drafter for SelfDrafter {
             tok = t.reshape(&[1, 1])?;
             tokens.push(t);
         }
-        let cat = |v: &[Array]| -> Result<Array> {
-            let r: Vec<&Array> = v.iter().collect();
-            Ok(concatenate(&r, 0)?)
-        };
-        Ok(Proposal { tokens: cat(&tokens)?, logits: Some(cat(&logits)?), confidence: None })
+        Ok(Proposal { tokens: concatenate(&tokens, 0)?, logits: Some(concatenate(&logits, 0)?), confidence: None })
     }
 
     fn commit(&mut self, _rows: Option<&Array>, k: usize) -> Result<()> {

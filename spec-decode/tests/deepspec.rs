@@ -328,7 +328,7 @@ fn markov_walk_matches_a_reference_walk() {
         steps.push(step.astype(Dtype::F32).unwrap());
     }
     assert_eq!(u32s(&p.tokens), toks);
-    let steps = concatenate(&steps.iter().collect::<Vec<_>>(), 0).unwrap();
+    let steps = concatenate(&steps, 0).unwrap();
     assert_eq!(bits(p.logits.as_ref().unwrap()), bits(&steps), "returned logits include the Markov bias (bug 38)");
     let conf = p.confidence.unwrap().to_f32_vec().unwrap();
     assert_eq!(conf.iter().map(|c| c.to_bits()).collect::<Vec<_>>(), confs.iter().map(|c| c.to_bits()).collect::<Vec<_>>());

@@ -52,6 +52,13 @@ pub fn random_dspark(target: &TextConfig, gamma: usize, seed: u64) -> Result<DSp
     Ok(DSparkDrafter::init(cfg, target, "tiny", seed, true)?)
 }
 
+/// A DSpark drafter fitted by counting the target's greedy bigrams on 8 prompts (not the gate's).
+fn fitted_dspark(model: &Model) -> Result<DSparkDrafter> {
+    let v = model.config().vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..8u32).map(|i| prompt(6, v).iter().map(|x| 4 + (x + i * 53) % (v - 4)).collect()).collect();
+    Ok(fit_bigram_drafter(model, "tiny", &prompts, 64, 7)?)
+}
+
 fn spec_cfg(gamma: usize, max_tokens: usize, sampler: SamplerConfig, seed: u64, pruning: Pruning) -> SpecConfig {
     SpecConfig { gamma, max_tokens, sampler, seed, stop_tokens: vec![], prefill_step: 2048, pruning }
 }
@@ -92,8 +99,7 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
         let n = cfg.num_hidden_layers;
         let ds_opts = SyntheticDeepSpec { block_size: 7, target_layer_ids: vec![1, n / 2, n - 1], ..SyntheticDeepSpec::default() };
         let ds_dir = write_synthetic_deepspec(&root.join(format!("deepspec-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))), cfg, &ds_opts)?;
-        let fit_prompts: Vec<Vec<u32>> = (0..8u32).map(|i| prompt(6, cfg.vocab_size as u32).iter().map(|x| 4 + (x + i * 53) % (cfg.vocab_size as u32 - 4)).collect()).collect();
-        let fitted = fit_bigram_drafter(&model, "tiny", &fit_prompts, 64, 7)?;
+        let fitted = fitted_dspark(&model)?;
         let fitted_dir = fitted.save(&root.join(format!("fitted-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))), true)?;
         for gamma in [1usize, 3, 7] {
             let mut drafters: Vec<(String, Box<dyn Drafter>, Vec<Pruning>)> = vec![
@@ -173,8 +179,7 @@ pub fn quantized_drafters(root: &Path, tokens: usize) -> Result<()> {
         let tag = t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t").to_string();
         let opts = SyntheticDeepSpec { block_size: 7, markov_rank: 64, target_layer_ids: vec![1, n / 2, n - 1], ..SyntheticDeepSpec::default() };
         let ds = write_synthetic_deepspec(&root.join(format!("q-deepspec-{tag}")), cfg, &opts)?;
-        let fit_prompts: Vec<Vec<u32>> = (0..8u32).map(|i| prompt(6, cfg.vocab_size as u32).iter().map(|x| 4 + (x + i * 53) % (cfg.vocab_size as u32 - 4)).collect()).collect();
-        let fitted = fit_bigram_drafter(&model, "tiny", &fit_prompts, 64, 7)?.save(&root.join(format!("q-fitted-{tag}")), true)?;
+        let fitted = fitted_dspark(&model)?.save(&root.join(format!("q-fitted-{tag}")), true)?;
         for (name, src, group) in [("dspark (bigram-fitted)", fitted, 32u32), ("deepspec (synthetic)", ds, 64u32)] {
             let variants = [(None, "source"), (Some(8u32), "8-bit"), (Some(4u32), "4-bit")];
             for gamma in [3usize, 7] {
@@ -250,7 +255,7 @@ fn plain_law(model: &Model, prompt: &[u32], sampler: &SamplerConfig, n: usize, s
     let mut s = Sampler::new(sampler.clone(), seed)?;
     let lp1 = logprobs(&logits1)?.broadcast_to(&[n as i32, v as i32])?;
     let t1 = s.sample(&lp1)?.astype(Dtype::U32)?;
-    let table = mlx_core::concatenate(&lp2.iter().collect::<Vec<_>>(), 0)?; // [V, V]
+    let table = mlx_core::concatenate(&lp2, 0)?; // [V, V]
     let t2 = s.sample(&table.take(&t1, 0)?)?.astype(Dtype::U32)?;
     let (t1, t2) = (t1.to_vec::<u32>()?, t2.to_vec::<u32>()?);
     let samples = t1.iter().zip(&t2).map(|(&a, &b)| a as usize * v + b as usize).collect();

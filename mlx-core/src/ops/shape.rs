@@ -86,9 +86,9 @@ impl Array {
     }
 }
 
-/// Concatenates along `axis`.
+/// Concatenates along `axis` (takes `&[Array]` or `&[&Array]`).
 #[track_caller]
-pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array> {
-    let l = List::new(arrays.iter().copied())?;
+pub fn concatenate<A: std::borrow::Borrow<Array>>(arrays: &[A], axis: i32) -> Result<Array> {
+    let l = List::new(arrays.iter().map(|a| a.borrow()))?;
     Array::wrap("concatenate", ffi::concatenate(l.raw(), axis))
 }

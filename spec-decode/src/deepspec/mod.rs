@@ -158,7 +158,7 @@ impl DeepSpecDrafter {
             tokens.push(tok.clone());
             prev = tok;
         }
-        let cat = |xs: &[Array]| -> Result<Array> { Ok(concatenate(&xs.iter().collect::<Vec<_>>(), 0)?) };
+        let cat = |xs: &[Array]| -> Result<Array> { Ok(concatenate(xs, 0)?) };
         Ok(Proposal {
             tokens: cat(&tokens)?,                                          // [d] u32
             logits: Some(cat(&logits)?),                                    // [d, V] f32

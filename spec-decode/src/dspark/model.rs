@@ -375,11 +375,7 @@ impl Drafter for DSparkDrafter {
             conf.push(c);
             prev = tokens[k as usize].clone();
         }
-        let cat = |v: &[Array]| -> Result<Array> {
-            let r: Vec<&Array> = v.iter().collect();
-            Ok(concatenate(&r, 0)?)
-        };
-        Ok(Proposal { tokens: cat(&tokens)?, logits: Some(cat(&logits)?), confidence: Some(cat(&conf)?) })
+        Ok(Proposal { tokens: concatenate(&tokens, 0)?, logits: Some(concatenate(&logits, 0)?), confidence: Some(concatenate(&conf, 0)?) })
     }
 
     fn commit(&mut self, rows: Option<&Array>, k: usize) -> Result<()> {
