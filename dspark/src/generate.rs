@@ -175,6 +175,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         eprintln!("drafter: {} | γ {} | finish: {}", drafter.name(), spec.gamma, finish_name(res.finish));
         eprintln!("{}", res.stats.summary());
+        eprintln!("accepted/drafted by block position: {}", res.stats.by_position());
         if a.compare {
             let plain = generate(&model, &prompt, &cfg, |_| {})?;
             let same = plain.tokens == res.tokens;

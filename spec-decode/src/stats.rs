@@ -83,6 +83,11 @@ impl SpecStats {
         }
     }
 
+    /// Per-position acceptance, `accepted/drafted` for block positions 0, 1, ….
+    pub fn by_position(&self) -> String {
+        self.accepted_by_pos.iter().zip(&self.drafted_by_pos).map(|(a, d)| format!("{a}/{d}")).collect::<Vec<_>>().join(" ")
+    }
+
     /// One line for logs.
     pub fn summary(&self) -> String {
         format!(

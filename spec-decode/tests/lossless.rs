@@ -67,3 +67,20 @@ fn greedy_spec_equals_plain_greedy() {
         }
     }
 }
+
+#[test]
+fn sampled_spec_is_seeded_and_reproducible() {
+    let model = Model::load(target()).unwrap();
+    let p = prompt(9);
+    let sampler = gemma4::sampling::SamplerConfig { temperature: 1.0, top_k: 40, ..Default::default() };
+    let run = |seed: u64| {
+        let mut d = small_dspark(&model, 3);
+        let cfg = SpecConfig { sampler: sampler.clone(), seed, ..spec_cfg(3, 48, Pruning::Off) };
+        speculative_generate(&model, &mut d, &p, &cfg, |_| {}).unwrap()
+    };
+    let (a, b, c) = (run(5), run(5), run(6));
+    assert_eq!(a.tokens, b.tokens, "same seed, same tokens");
+    assert_ne!(a.tokens, c.tokens, "another seed draws other tokens");
+    assert_eq!(a.tokens.len(), 48);
+    assert!(a.stats.host_syncs <= a.stats.rounds, "at most one host sync per round without pruning: {}", a.stats.summary());
+}
