@@ -168,7 +168,7 @@ pub fn run(a: Args) -> Result<()> {
             },
         };
         let res = spec_decode::speculative_generate(&model, drafter.as_mut(), &prompt, &spec, &mut emit)?;
-        drop(emit);
+
         writeln!(out)?;
         if let Some(e) = err {
             return Err(e);
@@ -192,7 +192,7 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     let gen = generate(&model, &prompt, &cfg, &mut emit)?;
-    drop(emit);
+
     writeln!(out)?;
     if let Some(e) = err {
         return Err(e);

@@ -282,7 +282,7 @@ pub fn quantize_checkpoint(src: &Path, dest: &Path, bits: u32, group_size: u32, 
             Some(m) => {
                 let spec = module_spec(m, default)?;
                 let in_dim = w.dim(-1).unwrap_or(0) as u32;
-                if in_dim % spec.group_size() != 0 {
+                if !in_dim.is_multiple_of(spec.group_size()) {
                     out.insert(full(&name), w);
                     continue;
                 }

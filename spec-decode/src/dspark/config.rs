@@ -81,7 +81,7 @@ impl DSparkConfig {
         if self.gamma < 1 {
             return bad("config.gamma must be >= 1".into());
         }
-        if self.n_heads == 0 || self.d_draft == 0 || self.d_draft % self.n_heads != 0 {
+        if self.n_heads == 0 || self.d_draft == 0 || !self.d_draft.is_multiple_of(self.n_heads) {
             return bad(format!("config.dDraft {} not divisible by nHeads {}", self.d_draft, self.n_heads));
         }
         if self.n_layers == 0 || self.ff_mult == 0 || self.markov_rank == 0 {
