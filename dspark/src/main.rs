@@ -1,5 +1,6 @@
 //! `dspark`: generate with a Gemma-4 target on MLX.
 
+mod calibrate;
 mod default_model;
 mod generate;
 mod quantize_drafter;
@@ -18,6 +19,8 @@ struct Cli {
 enum Cmd {
     /// Generate text (or token ids) from a prompt.
     Generate(generate::Args),
+    /// Fit confidence-pruning thresholds for a DSpark drafter and store them in its checkpoint.
+    Calibrate(calibrate::Args),
     /// Write an MLX-affine-quantized copy of a drafter checkpoint (DSpark or DeepSpec).
     QuantizeDrafter(quantize_drafter::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
@@ -32,6 +35,7 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Generate(args) => generate::run(args),
         Cmd::QuantizeDrafter(args) => quantize_drafter::run(args),
+        Cmd::Calibrate(args) => calibrate::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;
             let drafter = default_model::ensure_drafter(&dir, force)?;

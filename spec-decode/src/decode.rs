@@ -21,6 +21,7 @@ use mlx_core::random::{self, categorical, KeyChain};
 use mlx_core::{concatenate, where_, Array, Dtype};
 
 use crate::accept::{greedy_accept, NextToken, Verdict};
+use crate::calibration::ConfSample;
 use crate::drafter::{DraftRequest, DraftSampling, Drafter};
 use crate::error::{Error, Result};
 use crate::probs::probabilities;
@@ -71,6 +72,10 @@ pub struct SpecOutput {
     pub tokens: Vec<u32>,
     pub finish: FinishReason,
     pub stats: SpecStats,
+    /// Confidence per verified draft position and whether it was accepted; filled only when
+    /// pruning is active (that is when confidences are read). `Pruning::Thresholds(vec![])`
+    /// reads them without pruning, for calibration.
+    pub conf_samples: Vec<ConfSample>,
 }
 
 /// The state after the tail-split prefill: the target cache holds every prompt token but the
@@ -192,6 +197,7 @@ pub fn decode_from(
     let t1 = Instant::now();
     drafter.reset(pre.ctx.as_ref(), pre.committed)?;
 
+    let mut conf_samples = Vec::new();
     let mut pending = pre.pending;
     let mut tokens = Vec::new();
     let finish = 'rounds: loop {
@@ -210,6 +216,7 @@ pub fn decode_from(
         let anchor = Array::from_slice(&[pending], &[1])?;
 
         // Draft.
+        let mut round_conf: Vec<f32> = Vec::new();
         let proposal = if max_drafts == 0 {
             None
         } else {
@@ -229,6 +236,7 @@ pub fn decode_from(
                 if keep < p.len() {
                     p = p.truncate(keep)?;
                 }
+                round_conf = c[..keep].to_vec();
             }
             Some(p)
         };
@@ -275,6 +283,7 @@ pub fn decode_from(
             (tokens.len() >= cfg.max_tokens).then_some(FinishReason::Length)
         };
         stats.record_round(d, verdict.accepted);
+        conf_samples.extend(round_conf.iter().enumerate().map(|(pos, &conf)| ConfSample { pos, conf, accepted: pos < verdict.accepted }));
         for &t in &verdict.drafts[..verdict.accepted] {
             if let Some(f) = emit(t, &mut tokens) {
                 break 'rounds f;
@@ -297,7 +306,7 @@ pub fn decode_from(
     };
     stats.emitted = tokens.len();
     stats.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
-    Ok(SpecOutput { tokens, finish, stats })
+    Ok(SpecOutput { tokens, finish, stats, conf_samples })
 }
 
 /// A verdict plus the host copy of the drafts it judged.

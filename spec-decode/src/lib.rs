@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod calibration;
 pub mod decode;
 pub mod deepspec;
 pub mod drafter;

@@ -154,3 +154,30 @@ fn loader_refusals_name_the_problem() {
     assert!(e.contains("not a directory"), "{e}");
     assert!(matches!(load_drafter(&v1, m.config()), Err(Error::Checkpoint { .. })));
 }
+
+#[test]
+fn calibration_is_stored_and_used_for_pruning() {
+    use spec_decode::dspark::{write_calibration, Calibration};
+    use spec_decode::{speculative_generate, Pruning, SpecConfig};
+    let (_, m) = &target();
+    let d = DSparkDrafter::init(cfg(4, vec![1, 6]), m.config(), "tiny", 3, true).unwrap();
+    let dir = d.save(&scratch("cal"), false).unwrap();
+    let cal = Calibration { thresholds: vec![0.0, 1.0, 1.0, 1.0], target: 0.5, samples: 10 };
+    write_calibration(&dir, &cal, false).unwrap();
+    let e = write_calibration(&dir, &cal, false).unwrap_err().to_string();
+    assert!(e.contains("--force"), "{e}");
+    assert!(write_calibration(&dir, &Calibration { thresholds: vec![0.0], ..cal.clone() }, true).is_err(), "length must be γ");
+    let mut loaded = load_drafter(&dir, m.config()).unwrap();
+    assert_eq!(loaded.thresholds(), Some(cal.thresholds.clone()));
+    // Thresholds of 1.0 past position 0 keep exactly one draft per round.
+    let p: Vec<u32> = (4..12).collect();
+    let sc = SpecConfig { gamma: 4, max_tokens: 24, sampler: Default::default(), seed: 0, stop_tokens: vec![], prefill_step: 2048, pruning: Pruning::Calibrated };
+    let out = speculative_generate(m, loaded.as_mut(), &p, &sc, |_| {}).unwrap();
+    assert!(out.stats.drafted <= out.stats.rounds, "at most one draft per round: {}", out.stats.summary());
+    assert!(out.stats.drafted_by_pos.len() <= 1, "{:?}", out.stats.drafted_by_pos);
+    assert!(!out.conf_samples.is_empty() && out.conf_samples.iter().all(|s| s.pos == 0));
+    // An uncalibrated drafter cannot use Pruning::Calibrated.
+    let mut plain = DSparkDrafter::init(cfg(4, vec![1, 6]), m.config(), "tiny", 3, true).unwrap();
+    let e = speculative_generate(m, &mut plain, &p, &sc, |_| {}).unwrap_err().to_string();
+    assert!(e.contains("no calibrated thresholds"), "{e}");
+}

@@ -203,3 +203,26 @@ pub fn check_target(d: &Descriptor, target: &TextConfig) -> Result<()> {
     }
     Ok(())
 }
+
+/// Writes calibrated thresholds into `dir/dspark.json` (`config.sts`), atomically. Refuses to
+/// overwrite an existing calibration unless `force`.
+pub fn write_calibration(dir: &Path, calibration: &Calibration, force: bool) -> Result<()> {
+    let path = dir.join("dspark.json");
+    let d = read_descriptor(dir)?;
+    if calibration.thresholds.len() != d.config.gamma {
+        return Err(Error::checkpoint(&path, format!("{} thresholds for a block of {}", calibration.thresholds.len(), d.config.gamma)));
+    }
+    if let (Some(old), false) = (&d.config.sts, force) {
+        return Err(Error::checkpoint(
+            &path,
+            format!("already has calibrated thresholds (target={}, samples={}) — pass --force to recalibrate", old.target, old.samples),
+        ));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let mut v: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("invalid JSON: {e}")))?;
+    v["config"]["sts"] = serde_json::to_value(calibration).map_err(|e| Error::Contract(e.to_string()))?;
+    let tmp = dir.join(format!(".dspark.json.tmp-{}", std::process::id()));
+    let body = serde_json::to_string_pretty(&v).map_err(|e| Error::Contract(e.to_string()))? + "\n";
+    std::fs::write(&tmp, body).map_err(|source| Error::Io { path: tmp.clone(), source })?;
+    std::fs::rename(&tmp, &path).map_err(|source| Error::Io { path: path.clone(), source })
+}
