@@ -1,4 +1,6 @@
 //! Linear layers and embedding tables, dense or quantized as a value (not a second model file).
+//! Both read through `LinearWeights`, so every model (targets and drafters) shares one
+//! implementation of dense and MLX-affine-quantized products.
 
 use mlx_core::Array;
 
@@ -19,10 +21,7 @@ impl Linear {
 
     /// `x @ Wᵀ` // [.., in] -> [.., out]
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(match &self.w {
-            LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
-            LinearWeights::Quantized(q) => q.matmul_t(x)?,
-        })
+        self.w.matmul_t(x)
     }
 }
 
@@ -40,23 +39,11 @@ impl Embedding {
 
     /// Rows at `ids` // [B, L] -> [B, L, dims]
     pub fn forward(&self, ids: &Array) -> Result<Array> {
-        Ok(match &self.w {
-            LinearWeights::Dense(w) => w.take(ids, 0)?,
-            LinearWeights::Quantized(q) => {
-                let mut shape = ids.shape();
-                let flat = ids.reshape(&[-1])?;
-                let rows = q.gather_rows(&flat)?;
-                shape.push(-1);
-                rows.reshape(&shape)?
-            }
-        })
+        self.w.gather(ids)
     }
 
     /// The tied head: `x @ Eᵀ` // [.., dims] -> [.., rows]
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
-        Ok(match &self.w {
-            LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
-            LinearWeights::Quantized(q) => q.matmul_t(x)?,
-        })
+        self.w.matmul_t(x)
     }
 }

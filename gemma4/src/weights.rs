@@ -152,6 +152,29 @@ pub enum LinearWeights {
     Quantized(Quantized),
 }
 
+impl LinearWeights {
+    /// `x @ Wᵀ` for W [out, in]: the `nn.Linear` / tied-head product // [.., in] -> [.., out]
+    pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        Ok(match self {
+            LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
+            LinearWeights::Quantized(q) => q.matmul_t(x)?,
+        })
+    }
+
+    /// Rows at `ids` of a [rows, dims] table (quantized: gather, then dequantize) // [..] -> [.., dims]
+    pub fn gather(&self, ids: &Array) -> Result<Array> {
+        Ok(match self {
+            LinearWeights::Dense(w) => w.take(ids, 0)?,
+            LinearWeights::Quantized(q) => {
+                let mut shape = ids.shape();
+                let rows = q.gather_rows(&ids.reshape(&[-1])?)?;
+                shape.push(-1);
+                rows.reshape(&shape)?
+            }
+        })
+    }
+}
+
 /// Hands out tensors by name and remembers which were taken.
 pub struct WeightMap {
     dir: PathBuf,

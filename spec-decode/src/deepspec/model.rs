@@ -8,87 +8,15 @@
 //! never roped. Linear weights stay HF `[out, in]` and are used as `x @ Wᵀ` through a
 //! transpose view (or `quantized_matmul(transpose = true)`): no contiguous copies.
 
-use gemma4::weights::{LinearWeights, WeightMap};
-use mlx_core::fast::{self, Mask, RopeFreqs};
+use gemma4::config::{RopeSpec, RopeType};
+use gemma4::linear::{Embedding, Linear};
+use gemma4::rope::Rope;
+use gemma4::weights::WeightMap;
+use mlx_core::fast::{self, Mask};
 use mlx_core::{concatenate, gelu_approx, Array, Dtype};
 
 use super::config::{DeepSpecConfig, RopeKind};
 use crate::error::Result;
-
-/// `nn.Linear` without bias or `nn.QuantizedLinear`.
-#[derive(Clone, Debug)]
-pub(crate) struct Linear(LinearWeights);
-
-impl Linear {
-    fn load(wm: &mut WeightMap, module: &str, out: usize, inp: usize) -> Result<Linear> {
-        Ok(Linear(wm.linear(module, out, inp)?))
-    }
-
-    /// `x @ Wᵀ` // [.., in] -> [.., out]
-    pub(crate) fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(match &self.0 {
-            LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
-            LinearWeights::Quantized(q) => q.matmul_t(x)?,
-        })
-    }
-}
-
-/// `nn.Embedding` or `nn.QuantizedEmbedding` (gather, then dequantize).
-#[derive(Clone, Debug)]
-pub(crate) struct Embedding(LinearWeights);
-
-impl Embedding {
-    fn load(wm: &mut WeightMap, module: &str, rows: usize, dims: usize) -> Result<Embedding> {
-        Ok(Embedding(wm.linear(module, rows, dims)?))
-    }
-
-    /// Rows at `ids` // [..] -> [.., dims]
-    pub(crate) fn forward(&self, ids: &Array) -> Result<Array> {
-        Ok(match &self.0 {
-            LinearWeights::Dense(w) => w.take(ids, 0)?,
-            LinearWeights::Quantized(q) => {
-                let mut shape = ids.shape();
-                let rows = q.gather_rows(&ids.reshape(&[-1])?)?;
-                shape.push(-1);
-                rows.reshape(&shape)?
-            }
-        })
-    }
-}
-
-/// Rotary embedding of q and k.
-enum Rope {
-    Base { dims: i32, theta: f32 },
-    Freqs { dims: i32, freqs: Array },
-}
-
-impl Rope {
-    fn new(cfg: &DeepSpecConfig) -> Result<Rope> {
-        let hd = cfg.head_dim;
-        Ok(match cfg.rope {
-            RopeKind::Default => Rope::Base { dims: hd as i32, theta: cfg.rope_theta },
-            RopeKind::Proportional { .. } => {
-                let pairs = cfg.rotated_pairs();
-                // freqs[k] = θ^(2k/hd) for k < pairs, +∞ (identity) for the rest // [hd/2]
-                let exps = Array::arange(0.0, (2 * pairs) as f64, 2.0, Dtype::F32)?.div_scalar(hd as f64)?;
-                let rotated = Array::scalar(cfg.rope_theta as f64, Dtype::F32)?.power(&exps)?;
-                let rest = Array::full(&[(hd / 2 - pairs) as i32], f64::INFINITY, Dtype::F32)?;
-                let freqs = concatenate(&[&rotated, &rest], 0)?;
-                freqs.eval()?;
-                Rope::Freqs { dims: hd as i32, freqs }
-            }
-        })
-    }
-
-    /// x [B, H, L, D] at positions offset..offset+L.
-    fn apply(&self, x: &Array, offset: usize) -> Result<Array> {
-        let off = offset as i32;
-        Ok(match self {
-            Rope::Base { dims, theta } => fast::rope(x, *dims, false, RopeFreqs::Base(*theta), 1.0, off)?,
-            Rope::Freqs { dims, freqs } => fast::rope(x, *dims, false, RopeFreqs::Explicit(freqs), 1.0, off)?,
-        })
-    }
-}
 
 /// One layer's cached context K and V // [1, nKv, L, hd] each.
 #[derive(Clone, Debug)]
@@ -190,7 +118,7 @@ impl DeepSpecModel {
             None
         };
         let dtype = norm.dtype();
-        let rope = Rope::new(&cfg)?;
+        let rope = deepspec_rope(&cfg)?;
         Ok(DeepSpecModel { cfg, embed_tokens, fc, hidden_norm, layers, norm, lm_head, markov, confidence, rope, dtype })
     }
 
@@ -215,7 +143,7 @@ impl DeepSpecModel {
         let raw = l.k_proj.forward(x)?.reshape(&[s[0], s[1], self.cfg.num_kv_heads as i32, self.cfg.head_dim as i32])?;
         let v = self.rms(&raw, None)?.transpose(&[0, 2, 1, 3])?;
         let k = self.rms(&raw, Some(&l.k_norm))?.transpose(&[0, 2, 1, 3])?;
-        Ok(LayerKv { k: self.rope.apply(&k, start)?, v })
+        Ok(LayerKv { k: self.rope.apply(&k, start as i32)?, v })
     }
 
     /// Post-norm hidden of the block rows // ids [1, γ], context per layer -> [1, γ, H]
@@ -228,7 +156,7 @@ impl DeepSpecModel {
             let x = self.rms(&h, Some(&layer.input_layernorm))?;
             let q = layer.q_proj.forward(&x)?.reshape(&[b, l, nh, hd])?;
             let q = self.rms(&q, Some(&layer.q_norm))?.transpose(&[0, 2, 1, 3])?; // [1, nH, γ, hd]
-            let q = self.rope.apply(&q, position)?;
+            let q = self.rope.apply(&q, position as i32)?;
             let noise = self.noise_kv(layer, &x, position)?;
             let (k, v) = match ctx.get(i) {
                 Some(c) => (concatenate(&[&c.k, &noise.k], 2)?, concatenate(&[&c.v, &noise.v], 2)?), // [1, nKv, L+γ, hd]
@@ -254,4 +182,15 @@ impl DeepSpecModel {
             None => x,
         })
     }
+}
+
+/// gemma4's RoPE with the DeepSpec config's parameters: proportional wavelengths θ^(2k/hd) over
+/// the rotated pairs (full head_dim divisor, factor 1) and +∞ (identity) for the rest.
+fn deepspec_rope(cfg: &DeepSpecConfig) -> Result<Rope> {
+    let (rope_type, partial) = match cfg.rope {
+        RopeKind::Default => (RopeType::Default, 1.0),
+        RopeKind::Proportional { partial_rotary_factor } => (RopeType::Proportional, partial_rotary_factor as f32),
+    };
+    let spec = RopeSpec { rope_type, theta: cfg.rope_theta, partial_rotary_factor: partial, factor: 1.0 };
+    Ok(Rope::new(&spec, cfg.head_dim, 2 * cfg.rotated_pairs())?)
 }
