@@ -40,10 +40,14 @@ pub fn causal_window_mask(n: usize, offset: usize, window: Option<usize>) -> Res
     Ok(Array::from_slice(&m, &[n as i32, cols as i32])?)
 }
 
-/// The mask for `n` new tokens of full-attention layers (cache: the first full layer's).
-pub fn full_mask(n: usize, cache: Option<&LayerCache>) -> Result<AttnMask> {
-    let _ = cache; // KVCache.make_mask(N) without a window only depends on N.
-    Ok(if n == 1 { AttnMask::None } else { AttnMask::Causal })
+/// The mask for `n` new tokens of full-attention layers: `KVCache.make_mask(N)` without a
+/// window depends on N alone, with or without a cache.
+pub fn full_mask(n: usize) -> AttnMask {
+    if n == 1 {
+        AttnMask::None
+    } else {
+        AttnMask::Causal
+    }
 }
 
 /// The mask for `n` new tokens of sliding layers with window `window`.

@@ -162,17 +162,15 @@ impl Model {
         let h0 = self.embed(ids)?;
         let ple = self.per_layer_inputs(ids, &h0)?;
 
-        // One mask per layer kind, from the first layer of that kind (mlx-lm `_make_masks`).
+        // One mask per layer kind (mlx-lm `_make_masks`); the sliding one is asked of the
+        // cache of the first sliding layer, the full one depends on n alone.
         let n = l as usize;
-        let first_cache = |kind: LayerKind| {
-            let i = self.cfg.layers.iter().position(|x| x.kind == kind)?;
-            match self.cfg.layers[i].kv {
-                KvSource::Own { cache_index } => cache.as_deref().and_then(|c| c.layer(cache_index)),
-                KvSource::Shared { .. } => None,
-            }
+        let first_sliding = match self.cfg.layers.iter().find(|x| x.kind == LayerKind::Sliding).map(|x| x.kv) {
+            Some(KvSource::Own { cache_index }) => cache.as_deref().and_then(|c| c.layer(cache_index)),
+            _ => None,
         };
-        let full_mask = mask::full_mask(n, first_cache(LayerKind::Full))?;
-        let sliding_mask = mask::sliding_mask(n, first_cache(LayerKind::Sliding), self.cfg.sliding_window)?;
+        let full_mask = mask::full_mask(n);
+        let sliding_mask = mask::sliding_mask(n, first_sliding, self.cfg.sliding_window)?;
 
         let mut captured: Vec<Option<Array>> = vec![None; taps.map(|t| t.points().len()).unwrap_or(0)];
         let mut published: Vec<Option<SharedKv>> = vec![None; self.layers.len()];

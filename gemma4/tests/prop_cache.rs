@@ -118,7 +118,7 @@ impl Harness {
         }
         let mask = match self.window {
             Some(w) => sliding_mask(s, Some(&self.cache), w).unwrap(),
-            None => full_mask(s, Some(&self.cache)).unwrap(),
+            None => full_mask(s),
         };
         let (k, v) = rows(toks);
         let (fk, fv) = self.cache.update_and_fetch(&k, &v).unwrap();
