@@ -20,7 +20,7 @@ use gemma4::{Cache, Model, TapSet};
 use mlx_core::random::{self, categorical, KeyChain};
 use mlx_core::{concatenate, where_, Array, Dtype};
 
-use crate::accept::{greedy_accept, NextToken, Verdict};
+use crate::accept::{greedy_accept, NextToken};
 use crate::calibration::ConfSample;
 use crate::drafter::{DraftRequest, DraftSampling, Drafter};
 use crate::error::{Error, Result};
@@ -265,7 +265,10 @@ pub fn decode_from(
             stats.host_syncs += 1;
             let (drafts, picks) = host.split_at(d);
             match rule {
-                VerifyRule::Exact => greedy_accept_judged(drafts, picks),
+                VerifyRule::Exact => {
+                    let v = greedy_accept(drafts, picks);
+                    Judged { accepted: v.accepted, next: v.next, drafts: drafts.to_vec() }
+                }
                 VerifyRule::AcceptAll => accept_all(drafts, picks),
             }
         } else {
@@ -314,16 +317,6 @@ struct Judged {
     accepted: usize,
     next: NextToken,
     drafts: Vec<u32>,
-}
-
-impl From<(Verdict, Vec<u32>)> for Judged {
-    fn from((v, drafts): (Verdict, Vec<u32>)) -> Self {
-        Judged { accepted: v.accepted, next: v.next, drafts }
-    }
-}
-
-fn greedy_accept_judged(drafts: &[u32], picks: &[u32]) -> Judged {
-    (greedy_accept(drafts, picks), drafts.to_vec()).into()
 }
 
 fn accept_all(drafts: &[u32], picks: &[u32]) -> Judged {
