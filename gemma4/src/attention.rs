@@ -2,7 +2,7 @@
 //! weight and not roped, GQA in the kernel, and KV sharing: a shared layer reads its donor's
 //! fetched K/V and the donor's pre-write offset.
 
-use mlx_core::{fast, Array};
+use mlx_core::{concatenate, fast, Array};
 
 use crate::cache::LayerCache;
 use crate::config::{KvSource, LayerSpec};
@@ -12,12 +12,31 @@ use crate::mask::AttnMask;
 use crate::rope::Rope;
 use crate::weights::WeightMap;
 
+/// How the queries of one forward attend.
+#[derive(Clone, Copy, Debug)]
+pub enum Attend<'a> {
+    /// All queries in one attention call, masked as mlx-lm masks them (prefill, scoring).
+    Batched(&'a AttnMask),
+    /// Each query alone, over exactly the keys (and key order) a one-token decode step at its
+    /// position would see, so each row is bit-identical to token-at-a-time decoding
+    /// (verification). Needs a cache.
+    Stepwise,
+}
+
+/// What a layer attended to.
+#[derive(Clone, Debug)]
+enum Fetched {
+    /// One K/V for all queries // [B, Hkv, S, D] each
+    Batched(Array, Array),
+    /// One K/V per query row // [B, Hkv, S_i, D] each
+    Stepwise(Vec<(Array, Array)>),
+}
+
 /// K/V (and RoPE offset) a donor publishes to its sharers.
 #[derive(Clone, Debug)]
 pub struct SharedKv {
-    pub keys: Array,   // [B, Hkv, S, D]
-    pub values: Array, // [B, Hkv, S, D]
-    pub offset: i32,
+    kv: Fetched,
+    offset: i32,
 }
 
 struct KvProj {
@@ -72,40 +91,61 @@ impl Attention {
     pub fn forward(
         &self,
         x: &Array,
-        mask: &AttnMask,
+        attend: Attend<'_>,
         cache: Option<&mut LayerCache>,
         shared: Option<&SharedKv>,
     ) -> Result<(Array, SharedKv)> {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
         let q = self.q_proj.forward(x)?.reshape(&[b, l, self.n_heads, self.head_dim])?;
-        let q = fast::rms_norm(&q, Some(&self.q_norm), self.eps)?;
-        let (keys, values, offset) = match (&self.kv, shared) {
-            (_, Some(s)) => (s.keys.clone(), s.values.clone(), s.offset),
-            (Some(kv), None) => {
-                let k = kv.k_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?;
-                let v = match &kv.v_proj {
+        let q = fast::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?; // [B, Hq, L, D]
+        let (kv, offset) = match (&self.kv, shared) {
+            (_, Some(s)) => (s.kv.clone(), s.offset),
+            (Some(proj), None) => {
+                let k = proj.k_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?;
+                let v = match &proj.v_proj {
                     Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?,
                     None => k.clone(),
                 };
                 let offset = cache.as_ref().map(|c| c.offset() as i32).unwrap_or(0);
-                let k = fast::rms_norm(&k, Some(&kv.k_norm), self.eps)?.transpose(&[0, 2, 1, 3])?; // [B, Hkv, L, D]
+                let k = fast::rms_norm(&k, Some(&proj.k_norm), self.eps)?.transpose(&[0, 2, 1, 3])?; // [B, Hkv, L, D]
                 let k = self.rope.apply(&k, offset)?;
                 let v = fast::rms_norm(&v, None, self.eps)?.transpose(&[0, 2, 1, 3])?;
-                (k, v, offset)
+                let kv = match (attend, cache) {
+                    (Attend::Batched(_), Some(c)) => {
+                        let (k, v) = c.update_and_fetch(&k, &v)?;
+                        Fetched::Batched(k, v)
+                    }
+                    (Attend::Batched(_), None) => Fetched::Batched(k, v),
+                    (Attend::Stepwise, Some(c)) => Fetched::Stepwise(c.update_and_fetch_stepwise(&k, &v)?),
+                    (Attend::Stepwise, None) => {
+                        return Err(crate::Error::Input { op: "attention", detail: "a stepwise forward needs a cache".into() })
+                    }
+                };
+                (kv, offset)
             }
             (None, None) => {
                 return Err(crate::Error::Input { op: "attention", detail: "KV-shared layer received no donor K/V".into() })
             }
         };
-        let q = q.transpose(&[0, 2, 1, 3])?; // [B, Hq, L, D]
         let q = self.rope.apply(&q, offset)?;
-        let (keys, values) = match (cache, shared) {
-            (Some(c), None) => c.update_and_fetch(&keys, &values)?,
-            _ => (keys, values),
+        let o = match (&kv, attend) {
+            (Fetched::Batched(k, v), Attend::Batched(mask)) => fast::scaled_dot_product_attention(&q, k, v, 1.0, mask.as_fast())?,
+            (Fetched::Stepwise(rows), Attend::Stepwise) => {
+                // One unmasked single-query call per row, as a decode step makes it.
+                let outs = rows
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (k, v))| {
+                        let qi = q.slice_axis(2, i as i32, i as i32 + 1)?; // [B, Hq, 1, D]
+                        fast::scaled_dot_product_attention(&qi, k, v, 1.0, fast::Mask::None)
+                    })
+                    .collect::<mlx_core::Result<Vec<_>>>()?;
+                concatenate(&outs, 2)?
+            }
+            _ => return Err(crate::Error::Input { op: "attention", detail: "donor and sharer attend in different modes".into() }),
         };
-        let o = fast::scaled_dot_product_attention(&q, &keys, &values, 1.0, mask.as_fast())?;
-        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        Ok((self.o_proj.forward(&o)?, SharedKv { keys, values, offset }))
+        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?; // [B, L, Hq·D]
+        Ok((self.o_proj.forward(&o)?, SharedKv { kv, offset }))
     }
 }

@@ -3,12 +3,11 @@
 
 use mlx_core::{fast, gelu_approx, Array};
 
-use crate::attention::{Attention, SharedKv};
+use crate::attention::{Attend, Attention, SharedKv};
 use crate::cache::LayerCache;
 use crate::config::{LayerSpec, TextConfig};
 use crate::error::{Error, Result};
 use crate::linear::Linear;
-use crate::mask::AttnMask;
 use crate::mlp::Mlp;
 use crate::moe::{Experts, Router};
 use crate::weights::WeightMap;
@@ -94,12 +93,12 @@ impl DecoderLayer {
     pub fn forward(
         &self,
         x: &Array,
-        mask: &AttnMask,
+        attend: Attend<'_>,
         cache: Option<&mut LayerCache>,
         per_layer_input: Option<&Array>,
         shared: Option<&SharedKv>,
     ) -> Result<(Array, SharedKv)> {
-        let (a, kv) = self.self_attn.forward(&self.norm(x, &self.input_layernorm)?, mask, cache, shared)?;
+        let (a, kv) = self.self_attn.forward(&self.norm(x, &self.input_layernorm)?, attend, cache, shared)?;
         let h = x.add(&self.norm(&a, &self.post_attention_layernorm)?)?;
         let f = match &self.moe {
             Some(m) => {

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use mlx_core::{concatenate, fast, Array};
 
-use crate::attention::SharedKv;
+use crate::attention::{Attend, SharedKv};
 use crate::cache::Cache;
 use crate::config::{KvSource, LayerKind, TextConfig};
 use crate::error::{Error, Result};
@@ -105,12 +105,22 @@ impl Model {
 
     /// Post-norm hidden states of every position // ids [B, L] -> [B, L, H]
     pub fn forward(&self, ids: &Array, cache: Option<&mut Cache>) -> Result<Array> {
-        Ok(self.run(ids, cache, None)?.hidden)
+        Ok(self.run(ids, cache, None, false)?.hidden)
     }
 
     /// Like `forward`, also returning the hidden states at `taps`.
     pub fn forward_tapped(&self, ids: &Array, cache: Option<&mut Cache>, taps: &TapSet) -> Result<ForwardOutput> {
-        self.run(ids, cache, Some(taps))
+        self.run(ids, cache, Some(taps), false)
+    }
+
+    /// Scores several new tokens in one forward with every row bit-identical to decoding them
+    /// one at a time (`forward` on a [1, 1] input per token): the projections, norms and head
+    /// are batched (row-independent kernels), and each row attends alone over exactly the keys,
+    /// in exactly the order, that its one-token step would see. This is what makes greedy
+    /// speculative decoding reproduce plain greedy decoding bit for bit. Cost over `forward`:
+    /// L single-query attention calls per layer instead of one.
+    pub fn forward_stepwise(&self, ids: &Array, cache: &mut Cache, taps: Option<&TapSet>) -> Result<ForwardOutput> {
+        self.run(ids, Some(cache), taps, true)
     }
 
     /// Tied head (or lm_head) plus softcap // [.., H] -> [.., V]
@@ -145,7 +155,7 @@ impl Model {
         Ok(Some(proj.add(&pli)?.mul_scalar(2f64.powf(-0.5))?))
     }
 
-    fn run(&self, ids: &Array, mut cache: Option<&mut Cache>, taps: Option<&TapSet>) -> Result<ForwardOutput> {
+    fn run(&self, ids: &Array, mut cache: Option<&mut Cache>, taps: Option<&TapSet>, stepwise: bool) -> Result<ForwardOutput> {
         let s = ids.shape();
         if s.len() != 2 {
             return Err(Error::Input { op: "forward", detail: format!("token ids must be [B, L], got {s:?}") });
@@ -170,15 +180,17 @@ impl Model {
             _ => None,
         };
         let full_mask = mask::full_mask(n);
-        let sliding_mask = mask::sliding_mask(n, first_sliding, self.cfg.sliding_window)?;
+        // A stepwise forward masks nothing (each row gets its own keys); skip the host-built mask.
+        let sliding_mask = if stepwise { AttnMask::None } else { mask::sliding_mask(n, first_sliding, self.cfg.sliding_window)? };
 
         let mut captured: Vec<Option<Array>> = vec![None; taps.map(|t| t.points().len()).unwrap_or(0)];
         let mut published: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
         let mut h = h0;
         for (i, (layer, spec)) in self.layers.iter().zip(&self.cfg.layers).enumerate() {
-            let m: &AttnMask = match spec.kind {
-                LayerKind::Full => &full_mask,
-                LayerKind::Sliding => &sliding_mask,
+            let attend = match (stepwise, spec.kind) {
+                (true, _) => Attend::Stepwise,
+                (false, LayerKind::Full) => Attend::Batched(&full_mask),
+                (false, LayerKind::Sliding) => Attend::Batched(&sliding_mask),
             };
             let pli = match &ple {
                 Some(p) => Some(p.slice_axis(2, i as i32, i as i32 + 1)?.reshape(&[b, l, -1])?),
@@ -190,13 +202,13 @@ impl Model {
                         Some(c) => c.layer_mut(cache_index),
                         None => None,
                     };
-                    layer.forward(&h, m, lc, pli.as_ref(), None)?
+                    layer.forward(&h, attend, lc, pli.as_ref(), None)?
                 }
                 KvSource::Shared { donor } => {
                     let Some(shared) = published.get(donor).and_then(Option::as_ref) else {
                         return Err(Error::Input { op: "forward", detail: format!("layer {i}: donor {donor} has not run") });
                     };
-                    layer.forward(&h, m, None, pli.as_ref(), Some(shared))?
+                    layer.forward(&h, attend, None, pli.as_ref(), Some(shared))?
                 }
             };
             h = out;

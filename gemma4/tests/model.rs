@@ -70,3 +70,79 @@ fn moe_config_runs_in_f32() {
     let g = generate(&m, &prompt(10), &cfg, |_| {}).unwrap();
     assert_eq!(g.tokens.len(), 8);
 }
+
+/// Plain decoding of `tokens` one at a time from `cache` (in place): per-token logits.
+fn decode_one_by_one(m: &Model, cache: &mut gemma4::Cache, tokens: &[u32]) -> Vec<Vec<u8>> {
+    tokens.iter().map(|&t| bytes(&m.logits(&ids_array(&[t]).unwrap(), Some(cache)).unwrap())).collect()
+}
+
+/// Verify-shaped rounds: a stepwise window of S tokens, of which the first `keep` are kept and
+/// the rest rolled back. Every stepwise row must equal, bit for bit, the logits of decoding the
+/// same tokens one at a time on a cache that only ever saw the kept ones; prompts shorter and
+/// longer than the window (8) put the ring phase on both branches, and the rounds run far past
+/// the wrap.
+fn check_stepwise_rounds(m: &Model, prompt_len: usize, rounds: &[(usize, usize)]) {
+    let p = prompt(prompt_len);
+    let (head, last) = p.split_at(prompt_len - 1);
+    let mut spec = m.new_cache();
+    let mut plain = m.new_cache();
+    for c in [&mut spec, &mut plain] {
+        for chunk in head.chunks(5) {
+            m.forward(&ids_array(chunk).unwrap(), Some(c)).unwrap();
+        }
+    }
+    let mut pending = last[0];
+    for (r, &(s, keep)) in rounds.iter().enumerate() {
+        let window: Vec<u32> = std::iter::once(pending).chain((1..s as u32).map(|i| 3 + (pending * 7 + i * 53) % 500)).collect();
+        let out = m.forward_stepwise(&ids_array(&window).unwrap(), &mut spec, None).unwrap();
+        let logits = m.logits_from_hidden(&out.hidden).unwrap(); // [1, S, V]
+        let want = decode_one_by_one(m, &mut plain.clone(), &window);
+        for (i, w) in want.iter().enumerate() {
+            let got = bytes(&logits.slice_axis(1, i as i32, i as i32 + 1).unwrap());
+            assert!(&got == w, "prompt {prompt_len}, round {r}, row {i} of {s} (position {}): stepwise differs from one-by-one decoding", spec.offset() - s + i);
+        }
+        spec.trim(s - keep).unwrap();
+        decode_one_by_one(m, &mut plain, &window[..keep]);
+        assert_eq!(spec.offset(), plain.offset());
+        pending = 3 + (pending * 11 + r as u32) % 500;
+    }
+}
+
+#[test]
+fn stepwise_rows_are_one_by_one_decoding() {
+    let rounds = [(4, 1), (3, 3), (1, 1), (8, 2), (2, 1), (6, 6), (5, 3), (7, 1), (3, 2), (8, 8), (2, 2), (4, 4)];
+    let a = Model::load(common::tiny_a()).unwrap();
+    for plen in [1, 3, 8, 11, 21] {
+        check_stepwise_rounds(&a, plen, &rounds);
+    }
+    let q = quantize_checkpoint(common::tiny_a(), &common::scratch("tiny-a-q4-stepwise"), 4, 64, true).unwrap();
+    check_stepwise_rounds(&Model::load(&q).unwrap(), 13, &rounds);
+    check_stepwise_rounds(&Model::load(common::tiny_b_f32()).unwrap(), 10, &rounds);
+}
+
+#[test]
+fn batched_verify_is_not_one_by_one_past_the_window() {
+    // Why the stepwise forward exists: verify rounds scored with mlx-lm's batched attention
+    // (temporal keys plus a mask, then in-place rings re-phased by the rollbacks) round
+    // differently from the ring a decode step reads, and some rows' logits differ.
+    let m = Model::load(common::tiny_a()).unwrap();
+    let mut differing = 0;
+    for salt in 0..6u32 {
+        let p: Vec<u32> = prompt(11).iter().map(|t| 3 + (t + salt * 41) % 500).collect();
+        let mut batched = m.new_cache();
+        let mut plain = m.new_cache();
+        m.forward(&ids_array(&p).unwrap(), Some(&mut batched)).unwrap();
+        m.forward(&ids_array(&p).unwrap(), Some(&mut plain)).unwrap();
+        for r in 0..24u32 {
+            let s = 1 + (r * 7 + salt) % 4;
+            let keep = 1 + (r + salt) % s;
+            let window: Vec<u32> = (0..s).map(|i| 3 + (salt * 13 + r * 31 + i * 97) % 500).collect();
+            let got = m.logits(&ids_array(&window).unwrap(), Some(&mut batched)).unwrap();
+            let want = decode_one_by_one(&m, &mut plain.clone(), &window);
+            differing += (0..s).filter(|&i| bytes(&got.slice_axis(1, i as i32, i as i32 + 1).unwrap()) != want[i as usize]).count();
+            batched.trim((s - keep) as usize).unwrap();
+            decode_one_by_one(&m, &mut plain, &window[..keep as usize]);
+        }
+    }
+    assert!(differing > 0, "batched verification matched one-by-one decoding on every row: the stepwise test has no teeth here");
+}

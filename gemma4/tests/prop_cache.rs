@@ -418,6 +418,53 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Verification's stepwise writes hand every row exactly what a token-at-a-time (in-place)
+    /// cache fetches at that position — the same rows in the same ring order — for any window,
+    /// prefill chunking and rollbacks; a twin decodes only the kept rows one by one.
+    #[test]
+    fn stepwise_views_are_what_token_at_a_time_decoding_fetches(
+        w in 2usize..=10,
+        full in any::<bool>(),
+        prefill in prop::collection::vec(1usize..=12, 0..=4),
+        rounds in prop::collection::vec((1usize..=8).prop_flat_map(|s| (Just(s), 0..s)), 1..=12),
+    ) {
+        let fresh = || if full { LayerCache::Full(KvCache::new()) } else { LayerCache::Rotating(RotatingKvCache::new(w)) };
+        let (mut spec, mut twin) = (fresh(), fresh());
+        let mut stamps = Stamps(0);
+        let mut len = 0;
+        for &s in &prefill {
+            let (k, v) = rows(&stamps.toks(len, s));
+            spec.update_and_fetch(&k, &v).unwrap();
+            twin.update_and_fetch(&k, &v).unwrap();
+            len += s;
+        }
+        for &(s, rejected) in &rounds {
+            let toks = stamps.toks(len, s);
+            let (k, v) = rows(&toks);
+            let views = spec.update_and_fetch_stepwise(&k, &v).unwrap();
+            prop_assert_eq!(views.len(), s);
+            let mut probe = twin.clone();
+            for (i, t) in toks.iter().enumerate() {
+                let (tk, tv) = rows(&[*t]);
+                let (fk, fv) = probe.update_and_fetch(&tk, &tv).unwrap();
+                let want = decode(&fk, &fv)?;
+                let got = decode(&views[i].0, &views[i].1)?;
+                prop_assert_eq!(&got, &want, "row {} (position {}) of a stepwise write of {}", i, len + i, s);
+            }
+            spec.trim(rejected).unwrap();
+            for t in &toks[..s - rejected] {
+                let (tk, tv) = rows(&[*t]);
+                twin.update_and_fetch(&tk, &tv).unwrap();
+            }
+            len += s - rejected;
+            prop_assert_eq!(spec.offset(), len);
+        }
+    }
+}
+
 // Hand-written cases pinning the scenarios the properties are about (and the ones a random
 // search may reach rarely).
 

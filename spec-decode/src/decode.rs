@@ -180,7 +180,7 @@ pub fn decode_from(
         });
     }
     cfg.sampler.validate(vocab)?;
-    let thresholds = cfg.pruning.resolve(drafter.thresholds())?;
+    let thresholds = cfg.pruning.resolve(drafter.thresholds(), cfg.gamma)?;
     let taps = drafter.taps();
     if taps != pre.taps {
         return Err(Error::Contract("the prefill was tapped for a different drafter".into()));
@@ -248,11 +248,8 @@ pub fn decode_from(
             None => anchor.clone(),
         }
         .reshape(&[1, d as i32 + 1])?;
-        let out = if taps.is_empty() {
-            gemma4::ForwardOutput { hidden: target.forward(&window, Some(&mut cache))?, taps: None }
-        } else {
-            target.forward_tapped(&window, Some(&mut cache), &taps)?
-        };
+        // Stepwise: every row is scored exactly as plain decoding would score that token.
+        let out = target.forward_stepwise(&window, &mut cache, (!taps.is_empty()).then_some(&taps))?;
         let logits = target.logits_from_hidden(&out.hidden)?.squeeze(0)?; // [d+1, V]
 
         let verdict = if greedy {

@@ -3,7 +3,6 @@
 //! certain, which makes it the non-vacuous drafter for the lossless gates; it is slow (d target
 //! forwards per round) and not meant for production.
 
-use gemma4::generate::step_logits;
 use gemma4::TapSet;
 use mlx_core::{concatenate, Array, Dtype};
 
@@ -51,13 +50,19 @@ impl Drafter for SelfDrafter {
         let mut sampling = req.sampling;
         let (mut tokens, mut logits) = (Vec::new(), Vec::new());
         for _ in 0..req.max_drafts.min(self.gamma) {
-            let l = step_logits(req.target, &mut cache, &tok)?; // [1, V]
+            // Stepwise, like the verify, so the proposals are exactly plain greedy's tokens.
+            let h = req.target.forward_stepwise(&tok, &mut cache, None)?.hidden.squeeze(1)?; // [1, H]
+            let l = req.target.logits_from_hidden(&h)?; // [1, V]
+            // Under sampling q must be the law the draft is drawn from: draw from the same f32
+            // logits the verifier reads as q (drawing from bf16 logits would bias it). Greedy
+            // picks as plain decoding does, from the target-dtype logprobs.
+            let lf = l.astype(Dtype::F32)?;
             let t = match &mut sampling {
                 DraftSampling::Greedy => gemma4::sampling::logprobs(&l)?.argmax(-1, false)?,
-                DraftSampling::Sample { cfg, keys } => crate::probs::sample(&l, cfg, &keys.next_key()?)?,
+                DraftSampling::Sample { cfg, keys } => crate::probs::sample(&lf, cfg, &keys.next_key()?)?,
             }
             .astype(Dtype::U32)?;
-            logits.push(l.astype(Dtype::F32)?);
+            logits.push(lf);
             tok = t.reshape(&[1, 1])?;
             tokens.push(t);
         }

@@ -29,6 +29,18 @@ pub enum CacheError {
     TrimAfterWrap { requested: usize, offset: usize, window: usize, last_write: usize, rollback_left: usize },
 }
 
+/// Checks that k and v are [B, H, S, D] rows to write, with S ≥ 1 and the same B, H and S.
+fn check_rows(k: &Array, v: &Array) -> mlx_core::Result<()> {
+    let (ks, vs) = (k.shape(), v.shape());
+    if ks.len() != 4 || vs.len() != 4 || ks[..3] != vs[..3] || ks[2] < 1 {
+        return Err(mlx_core::Error::Host {
+            op: "cache write",
+            detail: format!("keys and values must be [B, H, S >= 1, D] with equal B, H, S; got {ks:?} and {vs:?}"),
+        });
+    }
+    Ok(())
+}
+
 /// The cache of one donor layer.
 #[derive(Clone, Debug)]
 pub enum LayerCache {
@@ -42,6 +54,15 @@ impl LayerCache {
         match self {
             LayerCache::Full(c) => c.update_and_fetch(k, v),
             LayerCache::Rotating(c) => c.update_and_fetch(k, v),
+        }
+    }
+
+    /// Writes k, v [B, H, S, D] and returns per row the K/V a one-token decode step at that
+    /// row's position would attend to (keys, order and count), for bit-exact verification.
+    pub fn update_and_fetch_stepwise(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<(Array, Array)>> {
+        match self {
+            LayerCache::Full(c) => c.update_and_fetch_stepwise(k, v),
+            LayerCache::Rotating(c) => c.update_and_fetch_stepwise(k, v),
         }
     }
 

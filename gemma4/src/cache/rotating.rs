@@ -12,6 +12,13 @@
 //! order and ends with exactly those S rows, so dropping its last n ≤ S − 1 rows physically
 //! leaves every row any later query may see (`spec_budget` tracks how many may still go).
 //! Other trims are only legal before the ring wraps (`offset < max_size`), as in mlx-lm.
+//!
+//! Stepwise writes (verification): the rows are stored like a multi-token write, but each row
+//! is given the window a one-token decode step at its position would attend to, in the ring
+//! order that step would see. Token-at-a-time decoding puts position q in slot
+//! (q − phase) mod max_size, where `phase` is fixed by its first single-token write (that
+//! position, or max_size if the ring had not filled yet), so the order is a function of q alone
+//! and rolled-back rows never disturb it.
 
 use mlx_core::{concatenate, Array};
 
@@ -30,12 +37,15 @@ pub struct RotatingKvCache {
     max_size: i32,
     spec_budget: usize,
     last_write: usize, // rows of the last write (for error messages)
+    /// The position token-at-a-time decoding puts (or would put) in slot 0; None until the first
+    /// single-token or stepwise write after a multi-token one.
+    phase: Option<usize>,
 }
 
 impl RotatingKvCache {
     /// An empty cache of window `max_size`.
     pub fn new(max_size: usize) -> RotatingKvCache {
-        RotatingKvCache { keys: None, values: None, offset: 0, idx: 0, max_size: max_size as i32, spec_budget: 0, last_write: 0 }
+        RotatingKvCache { keys: None, values: None, offset: 0, idx: 0, max_size: max_size as i32, spec_budget: 0, last_write: 0, phase: None }
     }
 
     /// Tokens written.
@@ -55,6 +65,7 @@ impl RotatingKvCache {
 
     /// Writes k, v [B, H, S, D]; S == 1 takes the in-place path, S > 1 the concat path.
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
+        super::check_rows(k, v)?;
         if k.dim(2) == Some(1) {
             self.update_in_place(k, v)
         } else {
@@ -104,6 +115,7 @@ impl RotatingKvCache {
         self.idx = self.buffer_len() as i32;
         self.spec_budget = (s as usize).saturating_sub(1);
         self.last_write = s as usize;
+        self.phase = None;
         match (&self.keys, &self.values) {
             (Some(k), Some(v)) => Ok((k.clone(), v.clone())),
             _ => Err(mlx_core::Error::Host { op: "RotatingKvCache", detail: "empty after write".into() }),
@@ -141,7 +153,10 @@ impl RotatingKvCache {
         }
         if self.idx == self.max_size {
             self.idx = 0; // the ring wraps
+            self.phase = Some(prev as usize);
         }
+        let w = self.max_size as usize;
+        self.phase.get_or_insert((prev as usize).max(w));
         keys = write_rows(&keys, k, self.idx, self.idx + 1)?;
         values = write_rows(&values, v, self.idx, self.idx + 1)?;
         self.offset += 1;
@@ -157,6 +172,39 @@ impl RotatingKvCache {
         self.keys = Some(keys);
         self.values = Some(values);
         Ok(out)
+    }
+
+    /// Writes k, v [B, H, S, D] and returns, for each of the S rows, the K/V [B, H, ≤ window, D]
+    /// that a one-token decode step at that row's position would attend to: the same rows in
+    /// the same ring order, so attention over them is bit-identical to token-at-a-time decoding.
+    pub fn update_and_fetch_stepwise(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<(Array, Array)>> {
+        super::check_rows(k, v)?;
+        let prev = self.offset;
+        let phase = *self.phase.get_or_insert(prev.max(self.max_size as usize));
+        let (keys, values) = self.update_concat(k, v)?;
+        self.phase = Some(phase);
+        let first = self.offset - self.buffer_len(); // position of buffer row 0
+        let s = k.dim(2).unwrap_or(0) as usize;
+        (prev..prev + s)
+            .map(|q| Ok((self.decode_view(&keys, q, phase, first)?, self.decode_view(&values, q, phase, first)?)))
+            .collect()
+    }
+
+    /// The rows a decode step at position `q` sees, from a temporal buffer starting at `first`:
+    /// the last min(q + 1, window) positions, rotated so the one in slot 0 comes first.
+    fn decode_view(&self, buf: &Array, q: usize, phase: usize, first: usize) -> mlx_core::Result<Array> {
+        let w = self.max_size as usize;
+        let lo = (q + 1).saturating_sub(w);
+        let row = |pos: usize| (pos - first) as i32;
+        if q + 1 < w {
+            return buf.slice_axis(2, row(lo), row(q + 1));
+        }
+        let slot0 = lo + (phase + w - lo % w) % w;
+        if slot0 == lo {
+            buf.slice_axis(2, row(lo), row(q + 1))
+        } else {
+            concatenate(&[&buf.slice_axis(2, row(slot0), row(q + 1))?, &buf.slice_axis(2, row(lo), row(slot0))?], 2)
+        }
     }
 
     /// mlx-lm's `is_trimmable`: the ring has not wrapped.
