@@ -167,6 +167,8 @@ fn provision_wheel(out_dir: &Path, target_os: &str) -> Result<PathBuf, String> {
     eprintln!("mlx-core: running `{} -m pip install --target {} {package}`", python(), dist.display());
     let status = Command::new(python())
         .args(["-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target"])
+        // A --target install touches no environment; some distro pips still refuse it (PEP 668).
+        .env("PIP_BREAK_SYSTEM_PACKAGES", "1")
         .arg(&dist)
         .arg(&package)
         .status()

@@ -1,4 +1,5 @@
 //! `dspark`: generate with a Gemma-4 target on MLX.
+#![forbid(unsafe_code)]
 
 mod calibrate;
 mod default_model;

@@ -552,6 +552,11 @@ impl TryFrom<RawTextConfig> for TextConfig {
             Layout::Flat => c.pos("vocab_size", t.vocab_size, VOCAB)?,
             Layout::Nested => Check("").pos("vocab_size", top.vocab_size, VOCAB)?,
         };
+        if ple > 0 && vocab_size_per_layer_input < vocab_size {
+            // Every token id indexes the per-layer table too; a smaller table would be read out of range.
+            let expected = format!("a value >= vocab_size ({vocab_size}) when hidden_size_per_layer_input > 0");
+            return Err(c.bad("vocab_size_per_layer_input", expected, vocab_size_per_layer_input));
+        }
         let softcap = t.final_logit_softcapping.unwrap_or(Some(30.0));
         let softcap = softcap.map(|x| c.pos_f32("final_logit_softcapping", Some(x), x));
         let softcap = softcap.transpose()?;

@@ -183,7 +183,8 @@ fn nested_top_level_vocab_size_overrides_text_config() {
     let mut v = nested(&tiny_config_a_json());
     v["text_config"]["vocab_size"] = json!(999);
     assert_eq!(parse(&v).unwrap().vocab_size, 512);
-    let without = with(&v, json!({"vocab_size": null}));
+    let mut without = with(&v, json!({"vocab_size": null}));
+    without["text_config"]["vocab_size_per_layer_input"] = json!(262144); // the PLE table must cover it
     assert_eq!(parse(&without).unwrap().vocab_size, 262144);
 }
 
@@ -356,6 +357,10 @@ fn each_validation_error_names_its_field() {
         (
             with(&a, json!({"vocab_size_per_layer_input": 0})),
             "vocab_size_per_layer_input",
+        ),
+        (
+            with(&a, json!({"vocab_size_per_layer_input": 256})),
+            "vocab_size_per_layer_input: expected a value >= vocab_size (512)",
         ),
         (
             with(&a, json!({"final_logit_softcapping": 0.0})),

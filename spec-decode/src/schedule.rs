@@ -25,8 +25,9 @@ impl Pruning {
         !matches!(self, Pruning::Off)
     }
 
-    /// Resolves `Calibrated` against the drafter's thresholds; validates ranges.
-    pub fn resolve(&self, calibrated: Option<Vec<f32>>) -> Result<Option<Vec<f32>>> {
+    /// Resolves the rule to per-position thresholds for a block of `gamma` drafts (`Calibrated`
+    /// against the drafter's thresholds); validates ranges.
+    pub fn resolve(&self, calibrated: Option<Vec<f32>>, gamma: usize) -> Result<Option<Vec<f32>>> {
         let check = |v: &[f32]| -> Result<()> {
             match v.iter().find(|t| !(0.0..=1.0).contains(*t)) {
                 Some(t) => Err(Error::Settings { field: "pruning", detail: format!("threshold {t} is outside [0, 1]") }),
@@ -37,7 +38,7 @@ impl Pruning {
             Pruning::Off => None,
             Pruning::MinConf(t) => {
                 check(&[*t])?;
-                Some(vec![*t; 64])
+                Some(vec![*t; gamma])
             }
             Pruning::Thresholds(v) => {
                 check(v)?;
@@ -79,9 +80,10 @@ mod tests {
 
     #[test]
     fn calibrated_needs_thresholds() {
-        assert!(Pruning::Calibrated.resolve(None).is_err());
-        assert_eq!(Pruning::Calibrated.resolve(Some(vec![0.0, 0.4])).unwrap(), Some(vec![0.0, 0.4]));
-        assert!(Pruning::MinConf(1.5).resolve(None).is_err());
-        assert_eq!(Pruning::Off.resolve(Some(vec![0.3])).unwrap(), None);
+        assert!(Pruning::Calibrated.resolve(None, 4).is_err());
+        assert_eq!(Pruning::Calibrated.resolve(Some(vec![0.0, 0.4]), 4).unwrap(), Some(vec![0.0, 0.4]));
+        assert!(Pruning::MinConf(1.5).resolve(None, 4).is_err());
+        assert_eq!(Pruning::MinConf(0.5).resolve(None, 100).unwrap(), Some(vec![0.5; 100]), "every position of a long block prunes");
+        assert_eq!(Pruning::Off.resolve(Some(vec![0.3]), 4).unwrap(), None);
     }
 }

@@ -1,4 +1,5 @@
 //! `cargo xtask …`: the project's gates and benchmarks.
+#![forbid(unsafe_code)]
 
 mod chisq;
 mod gates;

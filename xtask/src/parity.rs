@@ -74,7 +74,13 @@ fn max_abs_diff(a: &Array, b: &Array) -> Result<f32> {
     if x.len() != y.len() {
         bail!("shape mismatch {:?} vs {:?}", a.shape(), b.shape());
     }
-    Ok(x.iter().zip(&y).map(|(p, q)| if p == q { 0.0 } else { (p - q).abs() }).fold(0.0, f32::max))
+    // Equal bits (incl. matching infinities) are no difference; a NaN on one side is infinite.
+    let diff = |p: f32, q: f32| match (p.to_bits() == q.to_bits(), (p - q).abs()) {
+        (true, _) => 0.0,
+        (false, d) if d.is_nan() => f32::INFINITY,
+        (false, d) => d,
+    };
+    Ok(x.iter().zip(&y).map(|(&p, &q)| diff(p, q)).fold(0.0, f32::max))
 }
 
 fn check(job: &Job, reference: &Path, first_of_model: bool) -> Result<Row> {
