@@ -2,6 +2,10 @@
 //! plus the drafts) → accept → emit → commit the anchor and accepted rows to the drafter's
 //! context → roll back the rejected tips in every target cache → repeat.
 //!
+//! The verify forward is *stepwise* (`Model::forward_stepwise`): its rows are bit-identical to
+//! the logits plain decoding computes one token at a time, so greedy output equals plain greedy
+//! output token for token, and sampling draws from exactly plain decoding's distributions.
+//!
 //! Prefill is tail-split: all prompt tokens but the last are run through the target (tapped) and
 //! seed the drafter's context; the last prompt token is *pending* and heads the first verify
 //! window, so every emitted token comes out of a verify. Invariant before each draft: the
@@ -15,18 +19,19 @@
 use std::time::Instant;
 
 use gemma4::generate::GenerateConfig;
-use gemma4::sampling::{logprobs, SamplerConfig};
+use gemma4::sampling::SamplerConfig;
 use gemma4::{Cache, Model, TapSet};
-use mlx_core::random::{self, categorical, KeyChain};
-use mlx_core::{concatenate, where_, Array, Dtype};
+use mlx_core::random::KeyChain;
+use mlx_core::{concatenate, Array};
 
-use crate::accept::{greedy_accept, NextToken};
 use crate::calibration::ConfSample;
 use crate::drafter::{DraftRequest, DraftSampling, Drafter};
 use crate::error::{Error, Result};
-use crate::probs::probabilities;
 use crate::schedule::{kept_len, Pruning};
 use crate::stats::SpecStats;
+use crate::verify::{greedy_verdict, sampled_verdict};
+
+pub use crate::verify::VerifyRule;
 
 pub use gemma4::generate::FinishReason;
 
@@ -54,16 +59,6 @@ impl SpecConfig {
             stop_tokens: self.stop_tokens.clone(),
         }
     }
-}
-
-/// Test-only switch that breaks the verify rule, to show the statistical gate has power.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum VerifyRule {
-    #[default]
-    Exact,
-    /// Accept every draft (wrong on purpose).
-    AcceptAll,
 }
 
 /// Output of a speculative request.
@@ -253,21 +248,7 @@ pub fn decode_from(
         let logits = target.logits_from_hidden(&out.hidden)?.squeeze(0)?; // [d+1, V]
 
         let verdict = if greedy {
-            let picks = logprobs(&logits)?.argmax(-1, false)?.astype(Dtype::U32)?; // [d+1]
-            let both = match &proposal {
-                Some(p) => concatenate(&[&p.tokens, &picks], 0)?,
-                None => picks,
-            };
-            let host = both.to_vec::<u32>()?;
-            stats.host_syncs += 1;
-            let (drafts, picks) = host.split_at(d);
-            match rule {
-                VerifyRule::Exact => {
-                    let v = greedy_accept(drafts, picks);
-                    Judged { accepted: v.accepted, next: v.next, drafts: drafts.to_vec() }
-                }
-                VerifyRule::AcceptAll => accept_all(drafts, picks),
-            }
+            greedy_verdict(&logits, proposal.as_ref(), rule, &mut stats)?
         } else {
             sampled_verdict(&logits, proposal.as_ref(), &cfg.sampler, &mut keys, rule, &mut stats)?
         };
@@ -307,63 +288,4 @@ pub fn decode_from(
     stats.emitted = tokens.len();
     stats.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
     Ok(SpecOutput { tokens, finish, stats, conf_samples })
-}
-
-/// A verdict plus the host copy of the drafts it judged.
-struct Judged {
-    accepted: usize,
-    next: NextToken,
-    drafts: Vec<u32>,
-}
-
-fn accept_all(drafts: &[u32], picks: &[u32]) -> Judged {
-    let d = drafts.len();
-    Judged { accepted: d, next: NextToken::Bonus(picks[d]), drafts: drafts.to_vec() }
-}
-
-/// Speculative sampling with every random draw made on the device: per position k the flag
-/// `u_k·q_k(x_k) < p_k(x_k)` and a residual draw from normalize(max(p_k − q_k, 0)) (p_k where
-/// that mass is 0), plus the bonus draw from p_d. The host picks the first rejected position's
-/// residual draw, or the bonus: exactly the rule in `accept::speculative_sample`.
-fn sampled_verdict(
-    logits: &Array,
-    proposal: Option<&crate::Proposal>,
-    sampler: &SamplerConfig,
-    keys: &mut KeyChain,
-    rule: VerifyRule,
-    stats: &mut SpecStats,
-) -> Result<Judged> {
-    let p = probabilities(logits, sampler)?; // [d+1, V] f32
-    let d = proposal.map_or(0, |p| p.len()) as i32;
-    let p_bonus = p.slice_axis(0, d, d + 1)?;
-    let bonus = categorical(&p_bonus.log()?, -1, &keys.next_key()?)?.astype(Dtype::U32)?; // [1]
-    let Some(prop) = proposal else {
-        let host = bonus.to_vec::<u32>()?;
-        stats.host_syncs += 1;
-        return Ok(Judged { accepted: 0, next: NextToken::Bonus(host[0]), drafts: vec![] });
-    };
-    let q = probabilities(prop.logits.as_ref().ok_or_else(|| Error::Contract("no draft logits".into()))?, sampler)?; // [d, V]
-    let pk = p.slice_axis(0, 0, d)?;
-    let idx = prop.tokens.reshape(&[d, 1])?;
-    let px = pk.take_along_axis(&idx, -1)?.reshape(&[d])?;
-    let qx = q.take_along_axis(&idx, -1)?.reshape(&[d])?;
-    let u = random::uniform(0.0, 1.0, &[d], Dtype::F32, &keys.next_key()?)?;
-    let accept = u.multiply(&qx)?.less(&px)?; // [d] bool
-    let res = pk.subtract(&q)?.maximum_scalar(0.0)?;
-    let mass = res.sum(&[-1], true)?;
-    let empty = mass.less_equal_scalar(crate::accept::RESIDUAL_MASS_EPSILON)?;
-    let res_logits = where_(&empty, &pk.log()?, &res.log()?)?;
-    let recovered = categorical(&res_logits, -1, &keys.next_key()?)?.astype(Dtype::U32)?; // [d]
-    let packed = concatenate(&[&prop.tokens, &accept.astype(Dtype::U32)?, &recovered, &bonus], 0)?;
-    let host = packed.to_vec::<u32>()?;
-    stats.host_syncs += 1;
-    let d = d as usize;
-    let drafts = host[..d].to_vec();
-    let flags = &host[d..2 * d];
-    let accepted = match rule {
-        VerifyRule::Exact => flags.iter().position(|&f| f == 0).unwrap_or(d),
-        VerifyRule::AcceptAll => d,
-    };
-    let next = if accepted < d { NextToken::Recovered(host[2 * d + accepted]) } else { NextToken::Bonus(host[3 * d]) };
-    Ok(Judged { accepted, next, drafts })
 }

@@ -15,6 +15,7 @@ pub mod oracle;
 pub mod probs;
 pub mod schedule;
 pub mod stats;
+pub mod verify;
 
 pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 pub use decode::{decode_from, prefill, speculative_generate, FinishReason, Prefilled, SpecConfig, SpecOutput};

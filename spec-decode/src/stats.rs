@@ -83,6 +83,25 @@ impl SpecStats {
         }
     }
 
+    /// Adds another request's counters and times (totals over several requests).
+    pub fn absorb(&mut self, o: &SpecStats) {
+        self.prompt_tokens += o.prompt_tokens;
+        self.emitted += o.emitted;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+        self.rounds += o.rounds;
+        for (mine, theirs) in [(&mut self.drafted_by_pos, &o.drafted_by_pos), (&mut self.accepted_by_pos, &o.accepted_by_pos)] {
+            if mine.len() < theirs.len() {
+                mine.resize(theirs.len(), 0);
+            }
+            mine.iter_mut().zip(theirs).for_each(|(m, t)| *m += t);
+        }
+        self.prefill_forwards += o.prefill_forwards;
+        self.host_syncs += o.host_syncs;
+        self.prefill_ms += o.prefill_ms;
+        self.decode_ms += o.decode_ms;
+    }
+
     /// Per-position acceptance, `accepted/drafted` for block positions 0, 1, ….
     pub fn by_position(&self) -> String {
         self.accepted_by_pos.iter().zip(&self.drafted_by_pos).map(|(a, d)| format!("{a}/{d}")).collect::<Vec<_>>().join(" ")

@@ -7,9 +7,11 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
+use mlx_core::Array;
 use spec_decode::accept::{
     greedy_accept, residual, speculative_sample, step_distribution, NextToken, Verdict,
 };
+use spec_decode::verify::{accept_flags, residual_logits};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -146,6 +148,42 @@ proptest! {
         let bound = (1.0 - p_sum).abs() + 1e-12;
         for (t, (&e, &pt)) in step_distribution(&p, &q).iter().zip(&p).enumerate() {
             prop_assert!((e - f64::from(pt)).abs() <= bound, "token {}: emitted {} vs p {}", t, e, pt);
+        }
+    }
+
+    /// The device ops the decode loop runs carry the reference law: the residual they sample is
+    /// `accept::residual` (p where that is empty), a draft x passes the accept flags for a
+    /// fraction min(1, p(x)/q(x)) of the uniforms, and composed they emit exactly p.
+    #[test]
+    fn device_verify_ops_compose_to_the_target_law(
+        (p, q) in (2usize..12).prop_flat_map(|v| (float_dist(v), float_dist(v)))
+    ) {
+        let v = p.len();
+        let row = |x: &[f32]| Array::from_slice(x, &[1, v as i32]).unwrap();
+        let r = residual_logits(&row(&p), &row(&q)).unwrap().softmax(&[-1], true).unwrap().to_f32_vec().unwrap();
+        let want = residual(&p, &q).unwrap_or_else(|| p.clone());
+        for t in 0..v {
+            prop_assert!((r[t] - want[t]).abs() < 1e-5, "residual at {}: device {} vs host {}", t, r[t], want[t]);
+        }
+        // Accept flags over a grid of 1024 uniforms, for every token the draft could have drawn.
+        const N: usize = 1024;
+        let u: Vec<f32> = (0..N).map(|k| (k as f32 + 0.5) / N as f32).collect();
+        let u = Array::from_slice(&u, &[N as i32]).unwrap();
+        let mut law = vec![0f64; v];
+        for x in (0..v).filter(|&x| q[x] > 0.0) {
+            let full = |val: f32| Array::full(&[N as i32], val as f64, mlx_core::Dtype::F32).unwrap();
+            let flags = accept_flags(&u, &full(p[x]), &full(q[x])).unwrap().to_vec::<bool>().unwrap();
+            let rate = flags.iter().filter(|&&f| f).count() as f64 / N as f64;
+            let a = (f64::from(p[x]) / f64::from(q[x])).min(1.0);
+            prop_assert!((rate - a).abs() <= 1.0 / N as f64, "token {}: accepted {} of uniforms, min(1, p/q) = {}", x, rate, a);
+            law[x] += f64::from(q[x]) * a;
+            for t in 0..v {
+                law[t] += f64::from(q[x]) * (1.0 - a) * f64::from(r[t]);
+            }
+        }
+        let bound = (1.0 - p.iter().map(|&x| f64::from(x)).sum::<f64>()).abs() + 1e-4;
+        for t in 0..v {
+            prop_assert!((law[t] - f64::from(p[t])).abs() <= bound, "token {}: emitted {} vs p {}", t, law[t], p[t]);
         }
     }
 

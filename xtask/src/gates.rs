@@ -7,7 +7,11 @@
 //! - distribution-equality: with a tiny-vocabulary target, the joint law of the first two emitted
 //!   tokens under speculative sampling equals plain sampling (χ² goodness of fit against the exact
 //!   law and χ² homogeneity against plain samples, α = 0.001), at T ∈ {0.7, 1.0} with filters on
-//!   and off; and the same test rejects a deliberately broken verifier (accept every draft).
+//!   and off, confidence pruning on in two of the four; and the same test rejects a
+//!   deliberately broken verifier (accept every draft).
+//! - quantized-drafters: greedy parity with 4- and 8-bit quantizations of a bigram-fitted DSpark
+//!   and a synthetic DeepSpec drafter, and their acceptance against the unquantized source on
+//!   the same prompts.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -34,14 +38,14 @@ fn prompt(n: usize, vocab: u32) -> Vec<u32> {
     (0..n as u32).map(|i| 4 + (i * 37 + 11) % (vocab - 4)).collect()
 }
 
-/// A random-init DSpark drafter for `target` with random Markov/confidence heads, so drafts,
-/// Markov bias and pruning are all exercised.
-pub fn random_dspark(target: &TextConfig, gamma: usize, seed: u64) -> Result<DSparkDrafter> {
+/// A random-init DSpark drafter of `n_layers` for `target` with random Markov/confidence heads,
+/// so drafts, Markov bias and pruning are all exercised.
+pub fn random_dspark(target: &TextConfig, gamma: usize, n_layers: usize, seed: u64) -> Result<DSparkDrafter> {
     let n = target.num_hidden_layers;
     let cfg = DSparkConfig {
         gamma,
         d_draft: 64,
-        n_layers: 2,
+        n_layers,
         n_heads: 4,
         markov_rank: 32,
         ff_mult: 2,
@@ -91,7 +95,9 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
     let mut self_accepted = 0;
     let mut dspark_drafted = 0;
     let mut fitted_accepted = 0;
+    let mut pruned_accepted = 0;
     for t in targets(root)? {
+        let mut target_accepted = 0;
         let model = Model::load(&t.dir).with_context(|| format!("loading {}", t.dir.display()))?;
         let p = prompt(21, model.config().vocab_size as u32);
         let plain = generate(&model, &p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?.tokens;
@@ -103,7 +109,7 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
         let fitted_dir = fitted.save(&root.join(format!("fitted-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))), true)?;
         for gamma in [1usize, 3, 7] {
             let mut drafters: Vec<(String, Box<dyn Drafter>, Vec<Pruning>)> = vec![
-                ("dspark (random init)".into(), Box::new(random_dspark(cfg, 7, 7)?), vec![Pruning::Off, Pruning::MinConf(0.5)]),
+                ("dspark (random init)".into(), Box::new(random_dspark(cfg, 7, 2, 7)?), vec![Pruning::Off, Pruning::MinConf(0.5)]),
                 ("dspark (bigram-fitted)".into(), Box::new(DSparkDrafter::load(&fitted_dir, cfg)?), vec![Pruning::Off, Pruning::MinConf(0.3)]),
                 ("deepspec (synthetic)".into(), Box::new(DeepSpecDrafter::load(&ds_dir, cfg)?), vec![Pruning::Off, Pruning::MinConf(0.5)]),
                 ("self (target continuation)".into(), Box::new(SelfDrafter::new(7)), vec![Pruning::Off]),
@@ -141,15 +147,22 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
                     } else {
                         dspark_drafted += s.drafted;
                     }
+                    target_accepted += s.accepted;
+                    if pruning.is_active() {
+                        pruned_accepted += s.accepted;
+                    }
                 }
             }
         }
+        if target_accepted == 0 {
+            failures.push(format!("{}: vacuous, no draft was accepted on this target", t.name));
+        }
     }
     println!(
-        "\ngreedy-parity: accepted drafts: self-drafter {self_accepted}, bigram-fitted DSpark {fitted_accepted}; random-init drafters verified {dspark_drafted} drafts"
+        "\ngreedy-parity: accepted drafts: self-drafter {self_accepted}, bigram-fitted DSpark {fitted_accepted}, with pruning on {pruned_accepted}; random-init drafters verified {dspark_drafted} drafts"
     );
-    if self_accepted == 0 || fitted_accepted == 0 {
-        bail!("greedy-parity is vacuous: no draft was ever accepted");
+    if self_accepted == 0 || fitted_accepted == 0 || pruned_accepted == 0 {
+        bail!("greedy-parity is vacuous: some drafter kind or the pruned runs never had a draft accepted");
     }
     if !failures.is_empty() {
         bail!("greedy-parity FAILED for: {}", failures.join(", "));
@@ -164,51 +177,60 @@ fn quantize(src: &Path, bits: u32, group: u32) -> Result<PathBuf> {
     Ok(drafter_quant::quantize_drafter(src, &dst, &opts, &mut |_| {})?.out_dir)
 }
 
-/// Greedy parity with quantized drafters, and their acceptance against the bf16 originals.
+/// Greedy parity with quantized drafters, and their acceptance against the unquantized source
+/// on the same prompts.
 pub fn quantized_drafters(root: &Path, tokens: usize) -> Result<()> {
-    println!("\n## greedy-parity with quantized drafters ({tokens} tokens)\n");
+    println!("\n## greedy-parity with quantized drafters ({tokens} tokens, 3 prompts)\n");
     println!("| target | drafter | weights | size | γ | tokens matched | accepted / drafted | τ | τ vs source |");
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut failures = Vec::new();
+    let mut quantized_accepted = 0;
     for t in targets(root)?.into_iter().filter(|t| t.name.starts_with("A bf16") || t.name.starts_with("B q4")) {
         let model = Model::load(&t.dir)?;
         let cfg = model.config();
-        let p = prompt(21, cfg.vocab_size as u32);
-        let plain = generate(&model, &p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?.tokens;
+        let v = cfg.vocab_size as u32;
+        let prompts: Vec<Vec<u32>> = (0..3u32).map(|i| prompt(21, v).iter().map(|x| 4 + (x + i * 97) % (v - 4)).collect()).collect();
+        let plain: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| Ok(generate(&model, p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?.tokens))
+            .collect::<Result<_>>()?;
         let n = cfg.num_hidden_layers;
         let tag = t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t").to_string();
         let opts = SyntheticDeepSpec { block_size: 7, markov_rank: 64, target_layer_ids: vec![1, n / 2, n - 1], ..SyntheticDeepSpec::default() };
         let ds = write_synthetic_deepspec(&root.join(format!("q-deepspec-{tag}")), cfg, &opts)?;
         let fitted = fitted_dspark(&model)?.save(&root.join(format!("q-fitted-{tag}")), true)?;
         for (name, src, group) in [("dspark (bigram-fitted)", fitted, 32u32), ("deepspec (synthetic)", ds, 64u32)] {
-            let variants = [(None, "source"), (Some(8u32), "8-bit"), (Some(4u32), "4-bit")];
+            let variants = [(None, src.clone()), (Some(8u32), quantize(&src, 8, group)?), (Some(4u32), quantize(&src, 4, group)?)];
             for gamma in [3usize, 7] {
                 let mut base_tau = None;
-                for (bits, label) in variants {
-                    let dir = match bits {
-                        None => src.clone(),
-                        Some(b) => quantize(&src, b, group)?,
-                    };
-                    let mut d = spec_decode::loader::load_drafter(&dir, cfg)?;
-                    let out = speculative_generate(&model, d.as_mut(), &p, &spec_cfg(gamma, tokens, SamplerConfig::greedy(), 0, Pruning::Off), |_| {})?;
-                    let ok = out.tokens == plain;
-                    let matched = out.tokens.iter().zip(&plain).take_while(|(a, b)| a == b).count();
-                    let tau = out.stats.tau();
+                for (bits, dir) in &variants {
+                    let mut d = spec_decode::loader::load_drafter(dir, cfg)?;
+                    let (mut matched, mut total, mut stats) = (0, 0, spec_decode::SpecStats::default());
+                    for (p, want) in prompts.iter().zip(&plain) {
+                        let c = spec_cfg(gamma, tokens, SamplerConfig::greedy(), 0, Pruning::Off);
+                        let out = speculative_generate(&model, d.as_mut(), p, &c, |_| {})?;
+                        matched += out.tokens.iter().zip(want).take_while(|(a, b)| a == b).count();
+                        total += want.len();
+                        if out.tokens != *want {
+                            failures.push(format!("{} / {name} / {bits:?} bits / γ={gamma}", t.name));
+                        }
+                        stats.absorb(&out.stats);
+                    }
+                    if bits.is_some() {
+                        quantized_accepted += stats.accepted;
+                    }
+                    let tau = stats.tau();
                     let base = *base_tau.get_or_insert(tau);
                     println!(
-                        "| {} | {name} | {label}{} | {} | {gamma} | {matched}/{} {} | {}/{} | {tau:.2} | {:+.2} |",
+                        "| {} | {name} | {} | {} | {gamma} | {matched}/{total} {} | {}/{} | {tau:.2} | {:+.2} |",
                         t.name,
-                        bits.map(|_| format!(" g{group}")).unwrap_or_default(),
-                        drafter_quant::human_bytes(dir_bytes(&dir)),
-                        plain.len(),
-                        if ok { "" } else { "MISMATCH" },
-                        out.stats.accepted,
-                        out.stats.drafted,
+                        bits.map(|b| format!("{b}-bit g{group}")).unwrap_or_else(|| "source".into()),
+                        drafter_quant::human_bytes(dir_bytes(dir)),
+                        if matched == total { "" } else { "MISMATCH" },
+                        stats.accepted,
+                        stats.drafted,
                         tau - base
                     );
-                    if !ok {
-                        failures.push(format!("{} / {name} / {label} / γ={gamma}", t.name));
-                    }
                 }
             }
         }
@@ -216,7 +238,10 @@ pub fn quantized_drafters(root: &Path, tokens: usize) -> Result<()> {
     if !failures.is_empty() {
         bail!("greedy-parity with quantized drafters FAILED for: {}", failures.join(", "));
     }
-    println!("\ngreedy-parity with quantized drafters passed");
+    if quantized_accepted == 0 {
+        bail!("greedy-parity with quantized drafters is vacuous: no quantized draft was ever accepted");
+    }
+    println!("\ngreedy-parity with quantized drafters passed ({quantized_accepted} quantized drafts accepted)");
     Ok(())
 }
 
@@ -272,28 +297,45 @@ fn counts(samples: &[usize], cells: usize) -> Vec<usize> {
 
 /// Distribution equality of speculative sampling.
 pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
+    // The law under test is the verify rule's, not the architecture's (greedy-parity covers
+    // that): a two-layer target (one sliding, one full) and a one-layer drafter keep the
+    // 90,000 speculative samples affordable.
     let mut json = tiny_config_a().to_json_value();
     json["vocab_size"] = 16.into();
     json["vocab_size_per_layer_input"] = 16.into();
+    json["num_hidden_layers"] = 2.into();
+    json["layer_types"] = serde_json::json!(["sliding_attention", "full_attention"]);
+    json["num_kv_shared_layers"] = 0.into();
+    json["hidden_size_per_layer_input"] = 0.into();
     let cfg = TextConfig::from_json_str(&json.to_string())?;
-    let dir = write_random_checkpoint(&root.join("tiny-vocab16"), &cfg, 99, Dtype::Bf16, 1, true)?;
+    let dir = write_random_checkpoint(&root.join("tiny-vocab16-2l"), &cfg, 99, Dtype::Bf16, 1, true)?;
     let model = Model::load(&dir)?;
     let v = cfg.vocab_size;
     let prompt = [4u32, 9, 5, 12];
-    let mut drafter = random_dspark(&cfg, 3, 11)?;
+    let mut drafter = random_dspark(&cfg, 3, 1, 11)?;
     let pre = prefill(&model, &drafter.taps(), &prompt, 2048)?;
     println!("\n## distribution-equality (vocab {v}, N = {n} per arm ({} for the broken verifier), first two tokens, α = {ALPHA})\n", (n / 4).max(1000));
-    println!("| T | filters | verifier | GOF χ² (df) | GOF p | vs plain χ² (df) | vs plain p | acceptance | verdict |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| T | filters | pruning | verifier | GOF χ² (df) | GOF p | vs plain χ² (df) | vs plain p | first rounds with 2 drafts | acceptance | verdict |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    // Pruning at the median confidence of block position 1 cuts about half of the two-draft
+    // blocks, so both the pruned and the unpruned branch are sampled.
+    let mut confs = Vec::new();
+    for i in 0..200 {
+        let c = spec_cfg(3, 3, SamplerConfig { temperature: 1.0, ..Default::default() }, 7_000_000 + i, Pruning::Thresholds(vec![]));
+        let out = decode_from(&model, &mut drafter, &pre, &c, VerifyRule::Exact, |_| {})?;
+        confs.extend(out.conf_samples.iter().filter(|s| s.pos == 1).map(|s| s.conf));
+    }
+    confs.sort_by(f32::total_cmp);
+    let median = confs.get(confs.len() / 2).copied().context("the drafter gave no position-1 confidences")?;
     let conditions = [
-        (0.7f32, false, VerifyRule::Exact),
-        (1.0, false, VerifyRule::Exact),
-        (0.7, true, VerifyRule::Exact),
-        (1.0, true, VerifyRule::Exact),
-        (1.0, false, VerifyRule::AcceptAll),
+        (0.7f32, false, Pruning::Off, VerifyRule::Exact),
+        (1.0, false, Pruning::MinConf(median), VerifyRule::Exact),
+        (0.7, true, Pruning::MinConf(median), VerifyRule::Exact),
+        (1.0, true, Pruning::Off, VerifyRule::Exact),
+        (1.0, false, Pruning::Off, VerifyRule::AcceptAll),
     ];
     let mut failures = Vec::new();
-    for (ci, (temp, filters, rule)) in conditions.iter().enumerate() {
+    for (ci, (temp, filters, pruning, rule)) in conditions.iter().enumerate() {
         let sampler = SamplerConfig {
             temperature: *temp,
             top_k: if *filters { 6 } else { 0 },
@@ -305,19 +347,23 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         // The broken verifier is rejected overwhelmingly; a quarter of the samples shows it.
         let n_spec = if *rule == VerifyRule::AcceptAll { (n / 4).max(1000) } else { n };
         let mut spec = Vec::with_capacity(n_spec);
-        let (mut drafted, mut accepted) = (0, 0);
+        let mut totals = spec_decode::SpecStats::default();
         for i in 0..n_spec {
-            // Three tokens, so the first round verifies two drafts (positions 0 and 1).
-            let c = spec_cfg(3, 3, sampler.clone(), (ci * n + i) as u64, Pruning::Off);
+            // Three tokens, so the first round verifies up to two drafts (positions 0 and 1).
+            let c = spec_cfg(3, 3, sampler.clone(), (ci * n + i) as u64, pruning.clone());
             let out = decode_from(&model, &mut drafter, &pre, &c, *rule, |_| {})?;
             if out.tokens.len() < 2 {
                 bail!("a speculative sample emitted {} tokens, expected 3", out.tokens.len());
             }
-            drafted += out.stats.drafted;
-            accepted += out.stats.accepted;
+            totals.absorb(&out.stats);
             spec.push(out.tokens[0] as usize * v + out.tokens[1] as usize);
         }
         let secs = t0.elapsed().as_secs_f64();
+        // Only a first round can verify two drafts; pruning must cut some of them, not all.
+        let two_draft_share = totals.drafted_by_pos.get(1).copied().unwrap_or(0) as f64 / n_spec as f64;
+        if pruning.is_active() && !(0.0..1.0).contains(&two_draft_share) || two_draft_share == 0.0 {
+            failures.push(format!("T={temp} pruning={pruning:?}: {:.1}% of first rounds verified two drafts", 100.0 * two_draft_share));
+        }
         let bins = chisq::bins(&law.joint, n);
         let gof = chisq::goodness_of_fit(&counts(&spec, v * v), &law.joint, &bins);
         let hom = chisq::homogeneity(&counts(&spec, v * v), &counts(&law.samples, v * v), &bins);
@@ -325,8 +371,12 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         let rejects = gof.p < ALPHA || hom.p < ALPHA;
         let ok = if broken { gof.p < ALPHA && hom.p < ALPHA } else { !rejects };
         println!(
-            "| {temp} | {} | {} | {:.1} ({}) | {:.3e} | {:.1} ({}) | {:.3e} | {:.1}% | {} |",
+            "| {temp} | {} | {} | {} | {:.1} ({}) | {:.3e} | {:.1} ({}) | {:.3e} | {:.1}% | {:.1}% | {} |",
             if *filters { "top-k 6, top-p 0.9" } else { "off" },
+            match pruning {
+                Pruning::MinConf(c) => format!("min_conf {c:.3}"),
+                _ => "off".to_string(),
+            },
             if broken { "BROKEN (accept all)" } else { "exact" },
             gof.stat,
             gof.df,
@@ -334,7 +384,8 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
             hom.stat,
             hom.df,
             hom.p,
-            100.0 * accepted as f64 / drafted.max(1) as f64,
+            100.0 * two_draft_share,
+            100.0 * totals.acceptance_rate(),
             match (broken, ok) {
                 (false, true) => "not rejected (ok)",
                 (false, false) => "REJECTED",
@@ -344,7 +395,10 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         );
         eprintln!("distribution-equality: condition {ci} took {secs:.1} s for {n_spec} speculative samples");
         if !ok {
-            failures.push(format!("T={temp} filters={filters} rule={rule:?}"));
+            failures.push(format!("T={temp} filters={filters} pruning={pruning:?} rule={rule:?}"));
+        }
+        if !broken && totals.accepted == 0 {
+            failures.push(format!("T={temp} filters={filters} pruning={pruning:?}: vacuous, no draft was accepted"));
         }
     }
     if !failures.is_empty() {

@@ -1,0 +1,113 @@
+//! Verification of one round on the device: the greedy verdict (longest prefix of drafts equal
+//! to the target's picks) and speculative sampling, whose pieces (`accept_flags`,
+//! `residual_logits`) are public so the property tests check the very ops the loop runs against
+//! the host reference in `accept`.
+
+use gemma4::sampling::{logprobs, SamplerConfig};
+use mlx_core::random::{self, categorical, KeyChain};
+use mlx_core::{concatenate, where_, Array, Dtype};
+
+use crate::accept::{greedy_accept, NextToken, RESIDUAL_MASS_EPSILON};
+use crate::drafter::Proposal;
+use crate::error::{Error, Result};
+use crate::probs::probabilities;
+use crate::stats::SpecStats;
+
+/// Test-only switch that breaks the verify rule, to show the statistical gate has power.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum VerifyRule {
+    #[default]
+    Exact,
+    /// Accept every draft (wrong on purpose).
+    AcceptAll,
+}
+
+/// A verdict plus the host copy of the drafts it judged.
+pub(crate) struct Judged {
+    pub accepted: usize,
+    pub next: NextToken,
+    pub drafts: Vec<u32>,
+}
+
+/// Greedy verification: drafts and the target's picks (argmax of the logprobs, plain greedy's
+/// rule) come back in one read; the verdict is the longest matching prefix, then the pick after
+/// it. `logits` // [d+1, V]
+pub(crate) fn greedy_verdict(logits: &Array, proposal: Option<&Proposal>, rule: VerifyRule, stats: &mut SpecStats) -> Result<Judged> {
+    let picks = logprobs(logits)?.argmax(-1, false)?.astype(Dtype::U32)?; // [d+1]
+    let d = proposal.map_or(0, |p| p.len());
+    let both = match proposal {
+        Some(p) => concatenate(&[&p.tokens, &picks], 0)?,
+        None => picks,
+    };
+    let host = both.to_vec::<u32>()?;
+    stats.host_syncs += 1;
+    let (drafts, picks) = host.split_at(d);
+    let (accepted, next) = match rule {
+        VerifyRule::Exact => {
+            let v = greedy_accept(drafts, picks);
+            (v.accepted, v.next)
+        }
+        VerifyRule::AcceptAll => (d, NextToken::Bonus(picks[d])),
+    };
+    Ok(Judged { accepted, next, drafts: drafts.to_vec() })
+}
+
+/// Per draft, whether it is accepted given one uniform `u` in [0, 1): `u·q(x) < p(x)`, which
+/// holds with probability min(1, p(x)/q(x)). All [d] f32 (flags: bool).
+pub fn accept_flags(u: &Array, px: &Array, qx: &Array) -> Result<Array> {
+    Ok(u.multiply(qx)?.less(px)?)
+}
+
+/// Log-weights of each row's residual normalize(max(p − q, 0)), or of p itself where that
+/// mass is (numerically) zero, i.e. where p ≤ q everywhere and a rejection cannot happen.
+/// `p`, `q` // [d, V] f32 probabilities -> [d, V] f32 (−inf off the support)
+pub fn residual_logits(p: &Array, q: &Array) -> Result<Array> {
+    let res = p.subtract(q)?.maximum_scalar(0.0)?;
+    let empty = res.sum(&[-1], true)?.less_equal_scalar(RESIDUAL_MASS_EPSILON)?;
+    Ok(where_(&empty, &p.log()?, &res.log()?)?)
+}
+
+/// Speculative sampling with every random draw made on the device: per position k the accept
+/// flag and a residual draw, plus the bonus draw from p_d, read back in one transfer. The host
+/// takes the first rejected position's residual draw, or the bonus if none was rejected.
+/// `logits` // [d+1, V]
+pub(crate) fn sampled_verdict(
+    logits: &Array,
+    proposal: Option<&Proposal>,
+    sampler: &SamplerConfig,
+    keys: &mut KeyChain,
+    rule: VerifyRule,
+    stats: &mut SpecStats,
+) -> Result<Judged> {
+    let p = probabilities(logits, sampler)?; // [d+1, V] f32
+    let d = proposal.map_or(0, |p| p.len()) as i32;
+    let p_bonus = p.slice_axis(0, d, d + 1)?;
+    let bonus = categorical(&p_bonus.log()?, -1, &keys.next_key()?)?.astype(Dtype::U32)?; // [1]
+    let Some(prop) = proposal else {
+        let host = bonus.to_vec::<u32>()?;
+        stats.host_syncs += 1;
+        return Ok(Judged { accepted: 0, next: NextToken::Bonus(host[0]), drafts: vec![] });
+    };
+    let q_logits = prop.logits.as_ref().ok_or_else(|| Error::Contract("no draft logits".into()))?;
+    let q = probabilities(q_logits, sampler)?; // [d, V]
+    let pk = p.slice_axis(0, 0, d)?;
+    let idx = prop.tokens.reshape(&[d, 1])?;
+    let px = pk.take_along_axis(&idx, -1)?.reshape(&[d])?;
+    let qx = q.take_along_axis(&idx, -1)?.reshape(&[d])?;
+    let u = random::uniform(0.0, 1.0, &[d], Dtype::F32, &keys.next_key()?)?;
+    let accept = accept_flags(&u, &px, &qx)?; // [d] bool
+    let recovered = categorical(&residual_logits(&pk, &q)?, -1, &keys.next_key()?)?.astype(Dtype::U32)?; // [d]
+    let packed = concatenate(&[&prop.tokens, &accept.astype(Dtype::U32)?, &recovered, &bonus], 0)?;
+    let host = packed.to_vec::<u32>()?;
+    stats.host_syncs += 1;
+    let d = d as usize;
+    let drafts = host[..d].to_vec();
+    let flags = &host[d..2 * d];
+    let accepted = match rule {
+        VerifyRule::Exact => flags.iter().position(|&f| f == 0).unwrap_or(d),
+        VerifyRule::AcceptAll => d,
+    };
+    let next = if accepted < d { NextToken::Recovered(host[2 * d + accepted]) } else { NextToken::Bonus(host[3 * d]) };
+    Ok(Judged { accepted, next, drafts })
+}
