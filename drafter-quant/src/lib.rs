@@ -22,7 +22,7 @@
 //!   `quantization` block with `"conf.w": false, "conf.b": false`.
 //!
 //! Refusals (each an [`Error`] variant naming the path, and the tensor where there is one): not
-//! a drafter, a Gemma-4 target (use `gemma4::checkpoint::quantize_checkpoint`), already
+//! a drafter, a Gemma-4 target (use `dspark quantize-target`), already
 //! quantized, bits ∉ {4, 8}, group size ∉ {32, 64}, a matrix whose quantized axis the group
 //! size does not divide (mlx-lm would keep it dense silently), a non-empty output without
 //! `force`, an output that would replace the source. Everything is checked before any data is
@@ -33,12 +33,11 @@
 
 mod error;
 mod plan;
-mod shards;
 pub mod smoke;
 
 use std::path::{Path, PathBuf};
 
-use gemma4::checkpoint::{write_json, StagedDir};
+use gemma4::checkpoint::{write_json, ShardWriter, StagedDir};
 use mlx_core::quant::{quantize, QuantSpec};
 use mlx_core::Dtype;
 use serde_json::{json, Map, Value};
@@ -127,7 +126,7 @@ pub fn quantize_drafter(src: &Path, dst: &Path, opts: &QuantizeOptions, progress
     progress(&Progress::Start { kind: source.kind, tensors: plan.entries.len(), src_bytes });
 
     let staged = StagedDir::new(dst, opts.force)?;
-    let mut writer = shards::ShardWriter::new(staged.path(), opts.shard_bytes);
+    let mut writer = ShardWriter::new(staged.path(), opts.shard_bytes);
     let (mut quantized, mut kept, mut q_elems, mut q_bytes) = (0usize, 0usize, 0u64, 0u64);
     let total = plan.entries.len();
     for (index, (name, action)) in plan.entries.iter().enumerate() {

@@ -148,17 +148,32 @@ impl StagedDir {
         &self.tmp
     }
 
-    /// Moves the finished directory into place.
+    /// Moves the finished directory into place. A replaced `dest` is first renamed aside and
+    /// only deleted once the new one is in place (restored if that rename fails), so at every
+    /// moment one complete version exists.
     pub fn commit(mut self) -> Result<PathBuf> {
         let io = |path: &Path, source| Error::Io { path: path.to_path_buf(), source };
-        if self.dest.exists() {
-            std::fs::remove_dir_all(&self.dest).map_err(|e| io(&self.dest, e))?;
-        }
         if let Some(parent) = self.dest.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
         }
-        std::fs::rename(&self.tmp, &self.dest).map_err(|e| io(&self.dest, e))?;
+        let old = self.dest.exists().then(|| {
+            let mut o = self.tmp.clone().into_os_string();
+            o.push(".old");
+            PathBuf::from(o)
+        });
+        if let Some(old) = &old {
+            std::fs::rename(&self.dest, old).map_err(|e| io(&self.dest, e))?;
+        }
+        if let Err(e) = std::fs::rename(&self.tmp, &self.dest) {
+            if let Some(old) = &old {
+                let _ = std::fs::rename(old, &self.dest);
+            }
+            return Err(io(&self.dest, e));
+        }
         self.committed = true;
+        if let Some(old) = &old {
+            std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
+        }
         Ok(self.dest.clone())
     }
 }
@@ -180,30 +195,82 @@ pub fn write_json(path: &Path, v: &Value) -> Result<()> {
 /// Writes `tensors` (full names) as `shards` safetensors files plus
 /// `model.safetensors.index.json`, the way mlx-lm's `save_model` lays them out.
 pub fn write_shards(dir: &Path, tensors: &BTreeMap<String, Array>, shards: usize) -> Result<()> {
-    let shards = shards.max(1);
-    let names: Vec<&String> = tensors.keys().collect();
-    let per = names.len().div_ceil(shards).max(1);
-    let mut weight_map = serde_json::Map::new();
-    let mut total = 0usize;
-    let meta: BTreeMap<String, String> = [("format".to_string(), "mlx".to_string())].into_iter().collect();
-    let chunks: Vec<&[&String]> = names.chunks(per).collect();
-    for (i, chunk) in chunks.iter().enumerate() {
-        let file = if chunks.len() == 1 {
-            "model.safetensors".to_string()
-        } else {
-            format!("model-{:05}-of-{:05}.safetensors", i + 1, chunks.len())
-        };
-        let items: Vec<(&str, &Array)> = chunk.iter().map(|n| (n.as_str(), &tensors[*n])).collect();
-        for (n, a) in &items {
-            weight_map.insert(n.to_string(), Value::String(file.clone()));
-            total += a.nbytes();
-        }
-        mlx_core::save_safetensors(&dir.join(&file), items, &meta)?;
+    let per = tensors.len().div_ceil(shards.max(1)).max(1);
+    let mut writer = ShardWriter::new(dir, usize::MAX);
+    let items: Vec<(&String, &Array)> = tensors.iter().collect();
+    for chunk in items.chunks(per) {
+        writer.push(chunk.iter().map(|(n, a)| ((*n).clone(), (*a).clone())).collect())?;
+        writer.cut()?;
     }
-    write_json(
-        &dir.join("model.safetensors.index.json"),
-        &json!({"metadata": {"total_size": total}, "weight_map": Value::Object(weight_map)}),
-    )
+    writer.finish().map(|_| ())
+}
+
+/// A streaming shard writer: tensors are flushed to a shard once `max_bytes` would be
+/// exceeded (or at `cut`), so memory holds at most one shard of output (a 7 GB bf16 drafter
+/// never sits in memory whole). The finished directory has mlx-lm's layout:
+/// `model.safetensors` or `model-0000i-of-0000N.safetensors`, plus
+/// `model.safetensors.index.json`; shard metadata `{"format": "mlx"}`.
+pub struct ShardWriter {
+    dir: PathBuf,
+    max_bytes: usize,
+    pending: Vec<(String, Array)>,
+    pending_bytes: usize,
+    /// Flushed parts: temporary file and the tensor names it holds.
+    parts: Vec<(PathBuf, Vec<String>)>,
+    total_bytes: usize,
+}
+
+impl ShardWriter {
+    /// Shards of at most `max_bytes` (a single tensor larger than that gets a shard of its own).
+    pub fn new(dir: &Path, max_bytes: usize) -> ShardWriter {
+        ShardWriter { dir: dir.to_path_buf(), max_bytes: max_bytes.max(1), pending: Vec::new(), pending_bytes: 0, parts: Vec::new(), total_bytes: 0 }
+    }
+
+    /// Adds tensors that belong together (one source tensor's outputs), ending the current
+    /// shard first if they would not fit in it.
+    pub fn push(&mut self, tensors: Vec<(String, Array)>) -> Result<()> {
+        let bytes: usize = tensors.iter().map(|(_, a)| a.nbytes()).sum();
+        if !self.pending.is_empty() && self.pending_bytes.saturating_add(bytes) > self.max_bytes {
+            self.cut()?;
+        }
+        self.pending_bytes += bytes;
+        self.total_bytes += bytes;
+        self.pending.extend(tensors);
+        Ok(())
+    }
+
+    /// Ends the current shard (writes it under a temporary name).
+    pub fn cut(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let path = self.dir.join(format!(".part-{}.safetensors", self.parts.len()));
+        let meta: BTreeMap<String, String> = [("format".to_string(), "mlx".to_string())].into_iter().collect();
+        mlx_core::save_safetensors(&path, self.pending.iter().map(|(n, a)| (n.as_str(), a)), &meta)?;
+        let names = self.pending.drain(..).map(|(n, _)| n).collect();
+        self.parts.push((path, names));
+        self.pending_bytes = 0;
+        Ok(())
+    }
+
+    /// Writes the last shard, gives the parts their final names and writes the index.
+    /// Returns (shard count, total tensor bytes).
+    pub fn finish(mut self) -> Result<(usize, usize)> {
+        self.cut()?;
+        let n = self.parts.len();
+        let mut weight_map = serde_json::Map::new();
+        for (i, (part, names)) in self.parts.iter().enumerate() {
+            let file = if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
+            let dest = self.dir.join(&file);
+            std::fs::rename(part, &dest).map_err(|source| Error::Io { path: dest.clone(), source })?;
+            for name in names {
+                weight_map.insert(name.clone(), Value::String(file.clone()));
+            }
+        }
+        let index = json!({"metadata": {"total_size": self.total_bytes}, "weight_map": Value::Object(weight_map)});
+        write_json(&self.dir.join("model.safetensors.index.json"), &index)?;
+        Ok((n, self.total_bytes))
+    }
 }
 
 /// A word-level `tokenizer.json` (+ `tokenizer_config.json`): `<pad>` 0, `<eos>` 1, `<bos>` 2,
