@@ -16,8 +16,8 @@ pub enum Error {
     NotDrafter { path: PathBuf, detail: String },
     /// The source is a Gemma-4 target model.
     #[error(
-        "{}: this is a Gemma-4 target model (model_type {model_type:?}), not a drafter — quantize targets with the \
-         target-model quantizer (gemma4::checkpoint::quantize_checkpoint)",
+        "{}: this is a Gemma-4 target model (model_type {model_type:?}), not a drafter — quantize targets with \
+         `dspark quantize-target --model <dir> --out <dir>` (gemma4::checkpoint::quantize_checkpoint)",
         path.display()
     )]
     TargetModel { path: PathBuf, model_type: String },

@@ -5,6 +5,7 @@ mod calibrate;
 mod default_model;
 mod generate;
 mod quantize_drafter;
+mod quantize_target;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -24,6 +25,8 @@ enum Cmd {
     Calibrate(calibrate::Args),
     /// Write an MLX-affine-quantized copy of a drafter checkpoint (DSpark or DeepSpec).
     QuantizeDrafter(quantize_drafter::Args),
+    /// Write an MLX-affine-quantized copy of a Gemma-4 target checkpoint (mlx-lm's layout).
+    QuantizeTarget(quantize_target::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
     InitDefault {
         /// Replace an existing default checkpoint.
@@ -36,6 +39,7 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Generate(args) => generate::run(args),
         Cmd::QuantizeDrafter(args) => quantize_drafter::run(args),
+        Cmd::QuantizeTarget(args) => quantize_target::run(args),
         Cmd::Calibrate(args) => calibrate::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;
