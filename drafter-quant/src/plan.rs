@@ -13,18 +13,11 @@ use std::path::Path;
 use mlx_core::{Array, Dtype};
 use serde_json::Value;
 use spec_decode::deepspec::{DeepSpecConfig, ARCHITECTURE};
+use spec_decode::dspark::{param_kind, ParamKind};
 use spec_decode::loader::{detect, DrafterKind};
 
 use crate::error::{io, Error, Result};
 
-/// DSpark matmul fields inside each backbone layer `bb.{i}`.
-const DSPARK_LAYER_MATS: [&str; 7] = ["q", "k", "v", "o", "gate", "up", "down"];
-/// DSpark matmul parameters outside the backbone.
-const DSPARK_MATS: [&str; 4] = ["W_c", "tok_proj", "out_proj", "markov.w2"];
-/// DSpark gather table (rows are tokens).
-const DSPARK_GATHER: &str = "markov.w1";
-/// DSpark parameters kept dense by policy (threshold-sensitive confidence head).
-const DSPARK_DENSE: [&str; 2] = ["conf.w", "conf.b"];
 /// DeepSpec modules under this prefix are kept dense by policy.
 const DEEPSPEC_DENSE_PREFIX: &str = "confidence_head.";
 
@@ -91,7 +84,7 @@ pub(crate) fn plan(src: &Source, path: &Path, group_size: u32) -> Result<Plan> {
         entries.push((name.clone(), action));
     }
     if src.kind == DrafterKind::DSpark {
-        dense_modules.extend(DSPARK_DENSE.iter().map(|s| s.to_string()));
+        dense_modules.extend(src.tensors.keys().filter(|n| param_kind(n) == ParamKind::ConfidenceHead).cloned());
     }
     let bad: Vec<(&String, &Array, i32)> = entries
         .iter()
@@ -131,14 +124,11 @@ fn deepspec_action(name: &str, a: &Array, dense: &mut BTreeSet<String>) -> Actio
 }
 
 fn dspark_action(name: &str, a: &Array, path: &Path) -> Result<Action> {
-    let is_layer_mat = name
-        .strip_prefix("bb.")
-        .and_then(|rest| rest.split_once('.'))
-        .is_some_and(|(i, field)| i.parse::<usize>().is_ok() && DSPARK_LAYER_MATS.contains(&field));
-    let transpose = is_layer_mat || DSPARK_MATS.contains(&name);
-    if !transpose && name != DSPARK_GATHER {
-        return Ok(Action::Keep);
-    }
+    let transpose = match param_kind(name) {
+        ParamKind::Matrix => true,
+        ParamKind::GatherTable => false,
+        ParamKind::ConfidenceHead | ParamKind::Other => return Ok(Action::Keep),
+    };
     if a.ndim() != 2 {
         return Err(Error::NotMatrix { path: path.to_path_buf(), tensor: name.to_string(), shape: a.shape() });
     }

@@ -144,9 +144,28 @@ fn loader_refusals_name_the_problem() {
     let gamma = copy("gamma", &|v| v["config"]["gamma"] = 6.into());
     let e = err_text(load_drafter(&gamma, m.config()));
     assert!(e.contains("mask_emb") && e.contains("[3, 64]") && e.contains("[5, 64]"), "{e}");
-    let missing = copy("missing", &|v| v["config"]["nLayers"] = 3.into());
+    let three = DSparkConfig { n_layers: 3, ..cfg(4, vec![1, 3]) }.param_names();
+    let missing = copy("missing", &|v| {
+        v["config"]["nLayers"] = 3.into();
+        v["param_names"] = serde_json::json!(three);
+    });
     let e = err_text(load_drafter(&missing, m.config()));
     assert!(e.contains("missing tensor") && e.contains("bb.2"), "{e}");
+    // The descriptor's parameter list must be the config's.
+    let names = copy("names", &|v| v["config"]["nLayers"] = 3.into());
+    let e = err_text(load_drafter(&names, m.config()));
+    assert!(e.contains("param_names") && e.contains("bb.2"), "{e}");
+    // A typo in the variant is not mistaken for a v1 checkpoint.
+    let typo = copy("typo", &|v| v["variant"] = "dsprak".into());
+    let e = err_text(load_drafter(&typo, m.config()));
+    assert!(e.contains("unknown variant \"dsprak\"") && !e.contains("v1"), "{e}");
+    // A tensor that is no parameter of the config is refused (strict load).
+    let extra = copy("extra", &|_| {});
+    let mut t = mlx_core::load_safetensors(&extra.join("model.safetensors")).unwrap().tensors;
+    t.insert("bb.9.q".into(), Array::zeros(&[4, 4], mlx_core::Dtype::F32).unwrap());
+    mlx_core::save_safetensors(&extra.join("model.safetensors"), t.iter().map(|(n, a)| (n.as_str(), a)), &Default::default()).unwrap();
+    let e = err_text(load_drafter(&extra, m.config()));
+    assert!(e.contains("unexpected tensor \"bb.9.q\""), "{e}");
     // A target model passed as a drafter is pointed the right way.
     let e = err_text(load_drafter(target_dir, m.config()));
     assert!(e.contains("target model") && e.contains("--model"), "{e}");

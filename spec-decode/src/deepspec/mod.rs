@@ -102,8 +102,7 @@ impl DeepSpecDrafter {
 
     /// Runs the backbone on `[anchor, mask × (γ−1)]` at positions `position..position+γ`
     /// against the committed context.
-    pub fn draft_block(&self, anchor: &Array, position: usize) -> Result<Block> {
-        let ctx = self.active(position)?;
+    pub fn draft_block(&mut self, anchor: &Array, position: usize) -> Result<Block> {
         let g = self.model.cfg.block_size;
         if anchor.size() != 1 {
             return Err(Error::Contract(format!("deepspec: the anchor must be one token, got shape {:?}", anchor.shape())));
@@ -115,14 +114,15 @@ impl DeepSpecDrafter {
         } else {
             anchor
         };
-        let hidden = self.model.backbone(&ids.reshape(&[1, g as i32])?, ctx.layers(), position)?; // [1, γ, H]
+        let ctx = active(&mut self.ctx, position)?;
+        let hidden = self.model.backbone(&ids.reshape(&[1, g as i32])?, ctx, position)?; // [1, γ, H]
         let base_logits = self.model.logits(&hidden)?; // [1, γ, V]
         Ok(Block { hidden, base_logits })
     }
 
     /// Drafts `min(max_drafts, γ)` tokens after `anchor` // [1] uint32 at `position` (must
     /// equal the committed context length).
-    pub fn draft(&self, anchor: &Array, position: usize, max_drafts: usize, sampling: DraftSampling<'_>) -> Result<Proposal> {
+    pub fn draft(&mut self, anchor: &Array, position: usize, max_drafts: usize, sampling: DraftSampling<'_>) -> Result<Proposal> {
         if max_drafts == 0 {
             return Err(Error::Settings { field: "max_drafts", detail: "must be ≥ 1 (a drafter never proposes 0 drafts)".into() });
         }
@@ -166,16 +166,18 @@ impl DeepSpecDrafter {
         })
     }
 
-    fn active(&self, position: usize) -> Result<&ContextKv> {
-        let ctx = self.ctx.as_ref().ok_or_else(|| Error::Contract("deepspec: propose before reset".into()))?;
-        if position != ctx.len() {
-            return Err(Error::Contract(format!(
-                "deepspec: anchor position {position} != committed context length {} (the anchor's row is never in the context)",
-                ctx.len()
-            )));
-        }
-        Ok(ctx)
+}
+
+/// The request's context, checked to end right before the anchor at `position`.
+fn active(ctx: &mut Option<ContextKv>, position: usize) -> Result<&mut ContextKv> {
+    let ctx = ctx.as_mut().ok_or_else(|| Error::Contract("deepspec: propose before reset".into()))?;
+    if position != ctx.len() {
+        return Err(Error::Contract(format!(
+            "deepspec: anchor position {position} != committed context length {} (the anchor's row is never in the context)",
+            ctx.len()
+        )));
     }
+    Ok(ctx)
 }
 
 impl Drafter for DeepSpecDrafter {
@@ -206,7 +208,7 @@ impl Drafter for DeepSpecDrafter {
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {
         self.ctx = None;
         let rows = ctx.ok_or_else(|| Error::Contract("deepspec reset: the drafter reads tapped target context, got none".into()))?;
-        let mut fresh = ContextKv::default();
+        let mut fresh = ContextKv::new(self.model.cfg.num_hidden_layers);
         fresh.append(&self.model, rows, len, "reset")?;
         self.ctx = Some(fresh);
         Ok(())

@@ -13,9 +13,10 @@ use gemma4::linear::{Embedding, Linear};
 use gemma4::rope::Rope;
 use gemma4::weights::WeightMap;
 use mlx_core::fast::{self, Mask};
-use mlx_core::{concatenate, gelu_approx, Array, Dtype};
+use mlx_core::{gelu_approx, Array, Dtype};
 
 use super::config::{DeepSpecConfig, RopeKind};
+use super::context::ContextKv;
 use crate::error::Result;
 
 /// One layer's cached context K and V // [1, nKv, L, hd] each.
@@ -147,7 +148,7 @@ impl DeepSpecModel {
     }
 
     /// Post-norm hidden of the block rows // ids [1, γ], context per layer -> [1, γ, H]
-    pub(crate) fn backbone(&self, ids: &Array, ctx: &[LayerKv], position: usize) -> Result<Array> {
+    pub(crate) fn backbone(&self, ids: &Array, ctx: &mut ContextKv, position: usize) -> Result<Array> {
         let (nh, hd) = (self.cfg.num_attention_heads as i32, self.cfg.head_dim as i32);
         let mut h = self.embed_tokens.forward(ids)?.mul_scalar((self.cfg.hidden_size as f64).sqrt())?; // [1, γ, H]
         let s = h.shape();
@@ -158,10 +159,7 @@ impl DeepSpecModel {
             let q = self.rms(&q, Some(&layer.q_norm))?.transpose(&[0, 2, 1, 3])?; // [1, nH, γ, hd]
             let q = self.rope.apply(&q, position as i32)?;
             let noise = self.noise_kv(layer, &x, position)?;
-            let (k, v) = match ctx.get(i) {
-                Some(c) => (concatenate(&[&c.k, &noise.k], 2)?, concatenate(&[&c.v, &noise.v], 2)?), // [1, nKv, L+γ, hd]
-                None => (noise.k, noise.v),
-            };
+            let (k, v) = ctx.with_block(i, &noise)?; // [1, nKv, L+γ, hd]
             let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0, Mask::None)?;
             let o = layer.o_proj.forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)?;
             let h1 = h.add(&self.rms(&o, Some(&layer.post_attention_layernorm))?)?;

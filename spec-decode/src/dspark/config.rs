@@ -10,6 +10,7 @@
 //! Tap index `i < num_hidden_layers` is the residual after layer i; `i == num_hidden_layers` is
 //! the post-final-norm hidden (the original's sentinel).
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use gemma4::{TapPoint, TapSet, TextConfig};
@@ -151,6 +152,31 @@ impl DSparkConfig {
     }
 }
 
+/// The role of a DSpark parameter, which decides how it may be quantized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// A matmul weight stored [in, out] and used as `x @ W` (quantized transposed).
+    Matrix,
+    /// A gather table whose rows are tokens (`markov.w1`; quantized as stored).
+    GatherTable,
+    /// The confidence head: kept dense because pruning thresholds are sensitive to it.
+    ConfidenceHead,
+    /// Norms, embeddings of the block and the like: always dense.
+    Other,
+}
+
+/// The kind of parameter `name` (one of `DSparkConfig::param_names`).
+pub fn param_kind(name: &str) -> ParamKind {
+    let layer_field = name.strip_prefix("bb.").and_then(|rest| rest.split_once('.')).filter(|(i, _)| i.parse::<usize>().is_ok());
+    match (name, layer_field) {
+        (_, Some((_, "q" | "k" | "v" | "o" | "gate" | "up" | "down"))) => ParamKind::Matrix,
+        ("W_c" | "tok_proj" | "out_proj" | "markov.w2", None) => ParamKind::Matrix,
+        ("markov.w1", None) => ParamKind::GatherTable,
+        ("conf.w" | "conf.b", None) => ParamKind::ConfidenceHead,
+        _ => ParamKind::Other,
+    }
+}
+
 /// `<model>@<hidden>x<vocab>`.
 pub fn target_id(model_name: &str, target: &TextConfig) -> String {
     format!("{model_name}@{}x{}", target.hidden_size, target.vocab_size)
@@ -167,15 +193,15 @@ pub fn read_descriptor(dir: &Path) -> Result<Descriptor> {
     let variant = raw.get("variant").and_then(Value::as_str).map(str::to_string);
     match variant.as_deref() {
         Some(v) if VARIANTS.contains(&v) => {}
-        other => {
+        None => {
             return Err(Error::checkpoint(
                 dir,
-                format!(
-                    "a v1 single-vector DSpark checkpoint (variant={}) — superseded and not loadable; retrain it as a \
-                     v2 (KV-injection, variant \"dspark\") checkpoint",
-                    other.unwrap_or("none")
-                ),
+                "a v1 single-vector DSpark checkpoint (no \"variant\") — superseded and not loadable; retrain it as a \
+                 v2 (KV-injection, variant \"dspark\") checkpoint",
             ))
+        }
+        Some(other) => {
+            return Err(Error::checkpoint(&path, format!("unknown variant {other:?}, expected one of {VARIANTS:?}")));
         }
     }
     let d: Descriptor = serde_json::from_value(raw).map_err(|e| Error::checkpoint(&path, format!("{e}")))?;
@@ -183,6 +209,19 @@ pub fn read_descriptor(dir: &Path) -> Result<Descriptor> {
         return Err(Error::checkpoint(&path, format!("kind is {:?}, expected {KIND:?}", d.kind)));
     }
     d.config.validate(&path)?;
+    let derived = d.config.param_names();
+    let (listed, wanted): (BTreeSet<&String>, BTreeSet<&String>) = (d.param_names.iter().collect(), derived.iter().collect());
+    if listed != wanted {
+        let differ = listed.symmetric_difference(&wanted).next();
+        return Err(Error::checkpoint(
+            &path,
+            format!(
+                "param_names ({} names) do not match the config ({} names; first difference {differ:?}) — the descriptor was edited or is from another build",
+                d.param_names.len(),
+                derived.len()
+            ),
+        ));
+    }
     Ok(d)
 }
 

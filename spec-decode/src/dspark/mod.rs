@@ -5,6 +5,6 @@ pub mod config;
 mod fit;
 mod model;
 
-pub use config::{write_calibration, Calibration, DSparkConfig, Descriptor};
+pub use config::{param_kind, write_calibration, Calibration, DSparkConfig, Descriptor, ParamKind};
 pub use fit::fit_bigram_drafter;
 pub use model::DSparkDrafter;

@@ -6,7 +6,7 @@
 //!
 //! Context K/V are cached per layer: every op on a context row (W_c, RMSNorm, the layer's norm
 //! and K/V projections) is per-row, so projecting committed rows once and appending is exact and
-//! a round never re-projects the whole context.
+//! a round never re-projects (or copies) the whole context.
 //!
 //! Weights are f32 and stored [in, out] (used as `x @ W`). Inference is semi-autoregressive:
 //! one backbone pass, then the Markov walk on the device; greedy drafting needs no host read.
@@ -17,12 +17,13 @@ use std::path::{Path, PathBuf};
 use gemma4::checkpoint::{write_json, StagedDir};
 use gemma4::config::QuantizationConfig;
 use gemma4::weights::{LinearWeights, WeightMap};
-use gemma4::{TapSet, TextConfig};
+use gemma4::cache::KvCache;
+use gemma4::{LayerCache, TapSet, TextConfig};
 use mlx_core::quant::Quantized;
 use mlx_core::random::{self, KeyChain};
 use mlx_core::{concatenate, fast, gelu_approx, Array, Dtype};
 
-use super::config::{check_target, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, KIND};
+use super::config::{check_target, param_kind, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, ParamKind, KIND};
 use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 use crate::error::{Error, Result};
 
@@ -66,13 +67,10 @@ struct Layer {
 
 /// Parameters that may be quantized: the matmul weights and the Markov gather table.
 fn quantizable(name: &str) -> bool {
-    let field = name.rsplit('.').next().unwrap_or(name);
-    (name.starts_with("bb.") && ["q", "k", "v", "o", "gate", "up", "down"].contains(&field))
-        || ["W_c", "tok_proj", "out_proj", "markov.w1", "markov.w2"].contains(&name)
+    matches!(param_kind(name), ParamKind::Matrix | ParamKind::GatherTable)
 }
 
-/// Cached context keys and values of one layer // [1, heads, L, hd]
-#[derive(Clone)]
+/// Context keys and values of one layer // [1, heads, L, hd]
 struct LayerCtx {
     k: Array,
     v: Array,
@@ -89,7 +87,10 @@ pub struct DSparkDrafter {
     params: BTreeMap<String, Array>,
     /// Matrix parameters, dense or quantized.
     mats: BTreeMap<String, Mat>,
-    ctx: Option<Vec<LayerCtx>>,
+    /// Per layer, the committed context rows' K/V in a growing buffer (gemma4's `KvCache`):
+    /// commits append, and each round writes its block rows after them, attends, and trims
+    /// them off again, so no round copies the whole context.
+    ctx: Option<Vec<LayerCache>>,
     ctx_len: usize,
 }
 
@@ -199,6 +200,13 @@ impl DSparkDrafter {
         };
         // Quantized tensors are read by gemma4's WeightMap: one implementation for targets and
         // drafters. A quantized matrix P stores quantize(Pᵀ) as P.weight / P.scales / P.biases.
+        // Strict: every tensor must be a parameter (dense, or the .weight/.scales/.biases of a
+        // quantized one), so a checkpoint of another shape is refused, not half-read.
+        let names: std::collections::BTreeSet<String> = d.config.param_names().into_iter().collect();
+        let is_param = |k: &str| names.contains(k) || [".weight", ".scales", ".biases"].iter().any(|s| k.strip_suffix(s).is_some_and(|b| names.contains(b)));
+        if let Some(extra) = raw.keys().find(|k| !is_param(k)) {
+            return Err(Error::checkpoint(dir, format!("unexpected tensor {extra:?}: not a parameter of this DSpark config")));
+        }
         let mut wm = WeightMap::from_tensors(dir, raw.clone(), "", quant_cfg.clone());
         let mut params = BTreeMap::new();
         let mut quantized = BTreeMap::new();
@@ -290,7 +298,7 @@ impl DSparkDrafter {
     }
 
     /// The backbone over the block // anchor [1] -> block hidden [1, γ, D]
-    fn backbone(&self, target: &gemma4::Model, anchor: &Array) -> Result<Array> {
+    fn backbone(&self, ctx: &mut [LayerCache], target: &gemma4::Model, anchor: &Array) -> Result<Array> {
         let g = self.cfg.gamma as i32;
         let emb = target.embed_raw(&anchor.reshape(&[1, 1])?)?.astype(Dtype::F32)?; // [1, 1, H]
         let pos = p(&self.params, "block_pos")?;
@@ -301,13 +309,13 @@ impl DSparkDrafter {
         } else {
             row0
         }; // [1, γ, D]
-        let ctx = self.ctx.as_ref().ok_or_else(|| Error::Contract("dspark: propose before reset".into()))?;
         let scale = ((self.cfg.d_draft / self.cfg.n_heads) as f32).powf(-0.5);
         for (l, c) in self.layers.iter().zip(ctx) {
             let nd = self.rms(&h, &l.attn_norm)?;
             let q = self.heads(&l.q.apply(&nd)?)?;
-            let k = concatenate(&[&c.k, &self.heads(&l.k.apply(&nd)?)?], 2)?;
-            let v = concatenate(&[&c.v, &self.heads(&l.v.apply(&nd)?)?], 2)?;
+            // [context; block] keys and values, then the block rows are dropped again.
+            let (k, v) = c.update_and_fetch(&self.heads(&l.k.apply(&nd)?)?, &self.heads(&l.v.apply(&nd)?)?)?; // [1, h, L+γ, hd]
+            c.trim(g as usize)?;
             let a = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::None)?; // no mask: bidirectional
             let a = l.o.apply(&a.transpose(&[0, 2, 1, 3])?.reshape(&[1, g, -1])?)?;
             h = h.add(&a)?;
@@ -341,7 +349,13 @@ impl Drafter for DSparkDrafter {
         if rows.dim(1) != Some(len as i32) {
             return Err(Error::Contract(format!("context has {:?} rows, expected {len}", rows.shape())));
         }
-        self.ctx = Some(self.project_context(rows)?);
+        let mut ctx: Vec<LayerCache> = (0..self.layers.len()).map(|_| LayerCache::Full(KvCache::new())).collect();
+        if len > 0 {
+            for (c, kv) in ctx.iter_mut().zip(self.project_context(rows)?) {
+                c.update_and_fetch(&kv.k, &kv.v)?;
+            }
+        }
+        self.ctx = Some(ctx);
         self.ctx_len = len;
         Ok(())
     }
@@ -352,7 +366,10 @@ impl Drafter for DSparkDrafter {
 
     fn propose(&mut self, req: DraftRequest<'_>) -> Result<Proposal> {
         let n = req.max_drafts.clamp(1, self.cfg.gamma);
-        let block = self.backbone(req.target, req.anchor)?; // [1, γ, D]
+        let mut ctx = self.ctx.take().ok_or_else(|| Error::Contract("dspark: propose before reset".into()))?;
+        let block = self.backbone(&mut ctx, req.target, req.anchor);
+        self.ctx = Some(ctx);
+        let block = block?; // [1, γ, D]
         let to_target = self.mat("out_proj")?.apply(&block)?.astype(req.target.dtype())?;
         let u = req.target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?.squeeze(0)?; // [γ, V]
         let (w1, w2) = (self.mat("markov.w1")?, self.mat("markov.w2")?);
@@ -383,14 +400,15 @@ impl Drafter for DSparkDrafter {
         if rows.dim(1) != Some(k as i32) {
             return Err(Error::Contract(format!("commit of {k} rows got {:?}", rows.shape())));
         }
-        let new = self.project_context(rows)?;
-        let old = self.ctx.take().ok_or_else(|| Error::Contract("dspark: commit before reset".into()))?;
-        let merged = old
-            .into_iter()
-            .zip(new)
-            .map(|(o, n)| Ok(LayerCtx { k: concatenate(&[&o.k, &n.k], 2)?, v: concatenate(&[&o.v, &n.v], 2)? }))
-            .collect::<Result<Vec<_>>>()?;
-        self.ctx = Some(merged);
+        if self.ctx.is_none() {
+            return Err(Error::Contract("dspark: commit before reset".into()));
+        }
+        if k > 0 {
+            let new = self.project_context(rows)?;
+            for (c, kv) in self.ctx.iter_mut().flatten().zip(new) {
+                c.update_and_fetch(&kv.k, &kv.v)?;
+            }
+        }
         self.ctx_len += k;
         Ok(())
     }
