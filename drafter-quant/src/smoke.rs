@@ -4,16 +4,19 @@
 //!
 //! A drafter fits only the target it was trained for, so the target is either the caller's
 //! (`Smoke::Target`) or, when the drafter's dims are gemma4's tiny config A, a random tiny
-//! model built in memory (`Smoke::Auto`; any other drafter is skipped with a warning).
+//! model built in memory (`Smoke::Auto`). For any other drafter `Auto` still reloads every
+//! tensor through the loader (against a weightless config of the drafter's own target dims)
+//! and projects one context row; only the draft round, which needs the real target's
+//! embeddings and head, is left to `--smoke-target`.
 
 use std::path::{Path, PathBuf};
 
 use gemma4::checkpoint::random_weights;
 use gemma4::config::tiny_config_a;
 use gemma4::weights::WeightMap;
-use gemma4::Model;
+use gemma4::{Model, TextConfig};
 use mlx_core::{Array, Dtype};
-use spec_decode::loader::load_drafter;
+use spec_decode::loader::{load_drafter, target_shape, TargetShape};
 use spec_decode::{DraftRequest, DraftSampling, Drafter, Proposal};
 
 use crate::error::{Error, Result};
@@ -23,7 +26,8 @@ use crate::error::{Error, Result};
 pub enum Smoke {
     /// No smoke.
     Off,
-    /// The tiny random target if the drafter fits gemma4's tiny config A, else skip (warning).
+    /// The tiny random target if the drafter fits gemma4's tiny config A, else a reload and
+    /// one context-projection row (warning that the round needs the target).
     #[default]
     Auto,
     /// The drafter's real target checkpoint.
@@ -35,6 +39,8 @@ pub enum Smoke {
 pub enum SmokeOutcome {
     /// One round drafted `drafts` tokens with `[drafts, vocab]` logits on `target`.
     Passed { target: String, drafts: usize, vocab: usize },
+    /// Reloaded through the loader and projected one context row; no draft round (no target).
+    ContextOnly { reason: String },
     Skipped { reason: String },
 }
 
@@ -76,6 +82,35 @@ pub fn draft_round(drafter: &mut dyn Drafter, target: &Model) -> spec_decode::Re
     })
 }
 
+/// A weightless target config of the drafter's target dims: enough for the loader's checks.
+fn shadow_target(shape: TargetShape) -> spec_decode::Result<TextConfig> {
+    let mut json = tiny_config_a().to_json_value();
+    let n = shape.num_hidden_layers;
+    json["hidden_size"] = shape.hidden_size.into();
+    json["vocab_size"] = shape.vocab_size.into();
+    json["vocab_size_per_layer_input"] = shape.vocab_size.into();
+    json["num_hidden_layers"] = n.into();
+    json["layer_types"] = (0..n).map(|i| if i + 1 == n { "full_attention" } else { "sliding_attention" }).collect::<Vec<_>>().into();
+    json["num_kv_shared_layers"] = 0.into();
+    json["hidden_size_per_layer_input"] = 0.into();
+    TextConfig::from_json_str(&json.to_string()).map_err(|e| spec_decode::Error::Contract(format!("the drafter's target dims make no valid config: {e}")))
+}
+
+/// Reloads the drafter in `dir` (every tensor through the loader's name, shape and quantization
+/// checks) and projects one zero context row into it.
+fn context_smoke(dir: &Path) -> spec_decode::Result<()> {
+    let shape = target_shape(dir)?;
+    let target = shadow_target(shape)?;
+    let mut drafter = load_drafter(dir, &target)?;
+    let width = (drafter.taps().points().len() * shape.hidden_size) as i32;
+    let row = Array::zeros(&[1, 1, width], Dtype::Bf16)?; // [1, 1, taps·H]
+    drafter.reset(Some(&row), 1)?;
+    if drafter.context_len() != 1 {
+        return Err(spec_decode::Error::Contract(format!("context holds {} rows after projecting one", drafter.context_len())));
+    }
+    Ok(())
+}
+
 /// Runs the smoke on the checkpoint at `dir`; errors name `report_as` (the final output path).
 pub(crate) fn run(dir: &Path, report_as: &Path, smoke: &Smoke, warn: &mut dyn FnMut(String)) -> Result<SmokeOutcome> {
     let fail = |stage: &'static str| move |source: spec_decode::Error| Error::Smoke { path: report_as.to_path_buf(), stage, source: Box::new(source) };
@@ -88,12 +123,13 @@ pub(crate) fn run(dir: &Path, report_as: &Path, smoke: &Smoke, warn: &mut dyn Fn
         }
         Smoke::Auto => match load_drafter(dir, &tiny_config_a()) {
             Err(spec_decode::Error::Incompatible { detail, .. }) => {
+                context_smoke(dir).map_err(fail("reloading the drafter and projecting one context row"))?;
                 let reason = format!(
-                    "the drafter was built for another target ({detail}); pass --smoke-target <its target dir> to \
-                     smoke-test it, or --no-smoke to silence this warning"
+                    "reloaded and projected one context row; the drafter was built for another target ({detail}), so \
+                     the draft round needs --smoke-target <its target dir>"
                 );
-                warn(format!("load smoke skipped: {reason}"));
-                return Ok(SmokeOutcome::Skipped { reason });
+                warn(format!("load smoke: {reason}"));
+                return Ok(SmokeOutcome::ContextOnly { reason });
             }
             Err(e) => return Err(fail("reloading the drafter")(e)),
             Ok(d) => (tiny_target(0).map_err(|e| fail("building the tiny target")(e.into()))?, d, "tiny config A".to_string()),

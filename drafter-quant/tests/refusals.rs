@@ -37,7 +37,7 @@ fn refuses_a_target_model_and_points_to_the_target_quantizer() {
     let e = run(&src, &s.join("q"), &opts(4, 64, Smoke::Off)).0.unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, Error::TargetModel { .. }), "{msg}");
-    assert!(msg.contains("gemma4_text") && msg.contains("target-model quantizer") && msg.contains("quantize_checkpoint"), "{msg}");
+    assert!(msg.contains("gemma4_text") && msg.contains("dspark quantize-target"), "{msg}");
     assert_nothing_written(&s);
 }
 
@@ -168,7 +168,7 @@ fn a_failed_smoke_leaves_nothing_behind() {
 }
 
 #[test]
-fn smoke_skips_with_a_warning_for_another_target_and_runs_on_a_given_one() {
+fn smoke_reloads_and_projects_context_for_another_target_and_drafts_on_a_given_one() {
     let s = Scratch::new("smoke-b");
     let b = tiny_config_b();
     let src = spec_decode::deepspec::write_synthetic_deepspec(
@@ -179,8 +179,12 @@ fn smoke_skips_with_a_warning_for_another_target_and_runs_on_a_given_one() {
     .unwrap();
     let (r, events) = run(&src, &s.join("q"), &opts(4, 64, Smoke::Auto));
     let r = r.unwrap();
-    assert!(matches!(&r.smoke, SmokeOutcome::Skipped { reason } if reason.contains("--smoke-target")), "{:?}", r.smoke);
-    assert!(events.iter().any(|e| matches!(e, Progress::Warning(w) if w.contains("load smoke skipped"))));
+    assert!(
+        matches!(&r.smoke, SmokeOutcome::ContextOnly { reason } if reason.contains("projected one context row") && reason.contains("--smoke-target")),
+        "{:?}",
+        r.smoke
+    );
+    assert!(events.iter().any(|e| matches!(e, Progress::Warning(w) if w.contains("load smoke: reloaded"))));
     // f32: MLX's CPU GatherMM (config B is MoE) only runs in float32.
     let target = write_random_checkpoint(&s.join("target-b"), &b, 0, Dtype::F32, 1, true).unwrap();
     let forced = drafter_quant::QuantizeOptions { force: true, ..opts(4, 64, Smoke::Target(target.clone())) };

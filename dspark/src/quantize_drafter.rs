@@ -26,8 +26,8 @@ pub struct Args {
     /// Skip the load smoke (reload + one draft round).
     #[arg(long, conflicts_with = "smoke_target")]
     pub no_smoke: bool,
-    /// The drafter's target model, for the load smoke (needed unless the drafter was built
-    /// for the tiny test target).
+    /// The drafter's target model, for the load smoke's draft round (without it a drafter for
+    /// another target is only reloaded and fed one context row).
     #[arg(long, value_name = "DIR")]
     pub smoke_target: Option<PathBuf>,
 }
@@ -53,7 +53,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Progress::Smoke(SmokeOutcome::Passed { target, drafts, vocab }) => {
             eprintln!("load smoke: PASS (one round on {target}: {drafts} drafts, logits [{drafts}, {vocab}])")
         }
-        Progress::Smoke(SmokeOutcome::Skipped { .. }) => {}
+        Progress::Smoke(SmokeOutcome::Skipped { .. } | SmokeOutcome::ContextOnly { .. }) => {}
     };
     let r = quantize_drafter(&args.src, &out, &opts, &mut print)?;
     println!("wrote {}", r.out_dir.display());
@@ -67,8 +67,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         r.shards,
         r.bits_per_weight
     );
-    if let SmokeOutcome::Skipped { reason } = &r.smoke {
-        println!("load smoke: skipped — {reason}");
+    match &r.smoke {
+        SmokeOutcome::Skipped { reason } => println!("load smoke: skipped — {reason}"),
+        SmokeOutcome::ContextOnly { reason } => println!("load smoke: partial — {reason}"),
+        SmokeOutcome::Passed { .. } => {}
     }
     println!("next: compare acceptance against the bf16 drafter on the same prompts (drafter numerics move acceptance, never output)");
     Ok(())

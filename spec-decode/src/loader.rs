@@ -52,6 +52,31 @@ pub fn detect(dir: &Path) -> Result<DrafterKind> {
     ))
 }
 
+/// The target dimensions a drafter checkpoint was built for, from its config alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TargetShape {
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    /// The fewest target layers its taps allow (DeepSpec: exactly its target's depth).
+    pub num_hidden_layers: usize,
+}
+
+/// Reads what target the drafter in `dir` expects (no weights are read).
+pub fn target_shape(dir: &Path) -> Result<TargetShape> {
+    Ok(match detect(dir)? {
+        DrafterKind::DSpark => {
+            let d = crate::dspark::config::read_descriptor(dir)?;
+            // A tap equal to the layer count is the post-norm hidden, so the deepest tap bounds it.
+            let layers = d.config.tap_layers.iter().copied().max().unwrap_or(1).max(1);
+            TargetShape { hidden_size: d.dims.hidden_size, vocab_size: d.dims.vocab_size, num_hidden_layers: layers }
+        }
+        DrafterKind::DeepSpec => {
+            let c = crate::deepspec::DeepSpecConfig::from_dir(dir)?;
+            TargetShape { hidden_size: c.hidden_size, vocab_size: c.vocab_size, num_hidden_layers: c.num_target_layers }
+        }
+    })
+}
+
 /// Loads the drafter in `dir` for `target`.
 pub fn load_drafter(dir: &Path, target: &TextConfig) -> Result<Box<dyn Drafter>> {
     Ok(match detect(dir)? {
