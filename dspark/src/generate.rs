@@ -27,16 +27,16 @@ pub struct Args {
     max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
+    temperature: f64,
     /// Nucleus sampling mass (0 or 1 disables).
     #[arg(long, default_value_t = 0.0)]
-    top_p: f32,
+    top_p: f64,
     /// Keep only the k most likely tokens (0 disables).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
     /// Min-p filter relative to the top token (0 disables).
     #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
+    min_p: f64,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -63,6 +63,15 @@ pub struct Args {
     /// Also run plain decoding on the same prompt and report both speeds.
     #[arg(long, requires = "drafter")]
     compare: bool,
+}
+
+/// The id of tokenizer_config.json's `eos_token` (a string or `{"content": …}`), if any.
+fn tokenizer_eos(dir: &std::path::Path, tok: &Tokenizer) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let eos = &v["eos_token"];
+    let name = eos.as_str().or_else(|| eos["content"].as_str())?;
+    tok.token_to_id(name)
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -107,7 +116,13 @@ pub fn run(a: Args) -> Result<()> {
         sampler: SamplerConfig { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, min_tokens_to_keep: 1 },
         seed: a.seed,
         prefill_step: 2048,
-        stop_tokens: if a.ignore_eos { vec![] } else { model.config().eos_token_ids.clone() },
+        stop_tokens: match (a.ignore_eos, model.config().eos_token_ids.is_empty(), &tokenizer) {
+            (true, _, _) => vec![],
+            (false, false, _) => model.config().eos_token_ids.clone(),
+            // As mlx-lm: without eos ids in the config, the tokenizer's eos token stops.
+            (false, true, Some(tok)) => tokenizer_eos(&dir, tok).into_iter().collect(),
+            (false, true, None) => vec![],
+        },
     };
     let drafter = match a.drafter.as_deref() {
         None => None,
@@ -179,11 +194,18 @@ pub fn run(a: Args) -> Result<()> {
         if a.compare {
             let plain = generate(&model, &prompt, &cfg, |_| {})?;
             let same = plain.tokens == res.tokens;
+            // End to end (prompt processing included) for both, so the two loops' different
+            // splits of prefill and first token do not skew the ratio.
+            let plain_ms = plain.stats.prefill_ms + plain.stats.decode_ms;
+            let spec_ms = res.stats.prefill_ms + res.stats.decode_ms;
+            let rate = |n: usize, ms: f64| n as f64 / (ms / 1e3).max(1e-9);
             eprintln!(
-                "plain decoding: {:.1} tok/s | speculative: {:.1} tok/s | speedup {:.2}x | outputs identical: {same}",
-                plain.stats.decode_tok_per_s(),
-                res.stats.decode_tok_per_s(),
-                res.stats.decode_tok_per_s() / plain.stats.decode_tok_per_s().max(1e-9)
+                "end to end, {} prompt + {} generated tokens: plain {plain_ms:.1} ms ({:.1} tok/s) | speculative {spec_ms:.1} ms ({:.1} tok/s) | speedup {:.2}x | outputs identical: {same}",
+                prompt.len(),
+                res.tokens.len(),
+                rate(plain.tokens.len(), plain_ms),
+                rate(res.tokens.len(), spec_ms),
+                plain_ms / spec_ms.max(1e-9)
             );
             if cfg.sampler.is_greedy() && !same {
                 bail!("greedy speculative output differs from plain greedy output");

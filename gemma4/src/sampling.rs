@@ -10,12 +10,13 @@ use crate::error::{Error, Result};
 /// Sampling settings; the defaults are greedy.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
-    /// 0 means greedy.
-    pub temperature: f32,
+    /// 0 means greedy. f64 like mlx-lm's Python floats: derived constants (1/T, ln min_p) are
+    /// computed in double precision before they are rounded to the array's dtype.
+    pub temperature: f64,
     /// Nucleus mass; enabled when 0 < top_p < 1.
-    pub top_p: f32,
+    pub top_p: f64,
     /// Minimum probability relative to the top token; enabled when ≠ 0.
-    pub min_p: f32,
+    pub min_p: f64,
     /// Tokens min-p always keeps.
     pub min_tokens_to_keep: usize,
     /// Keep the k most likely tokens; enabled when > 0.
@@ -71,20 +72,20 @@ fn neg_inf_like(x: &Array) -> Result<Array> {
 }
 
 /// Nucleus filter: keep tokens whose more-probable mass is below `top_p` of the total.
-pub fn apply_top_p(lp: &Array, top_p: f32) -> Result<Array> {
+pub fn apply_top_p(lp: &Array, top_p: f64) -> Result<Array> {
     let sorted = lp.sort(-1)?;
     let probs = sorted.astype(Dtype::F32)?.exp()?;
     let above = probs.cumsum(-1, true, false)?;
     let total = above.slice_axis(-1, 0, 1)?.add(&probs.slice_axis(-1, 0, 1)?)?;
-    let dropped = above.greater_equal(&total.mul_scalar(top_p as f64)?)?.sum(&[-1], true)?;
+    let dropped = above.greater_equal(&total.mul_scalar(top_p)?)?.sum(&[-1], true)?;
     let threshold = sorted.take_along_axis(&dropped.astype(Dtype::U32)?, -1)?;
     Ok(where_(&lp.less(&threshold)?, &neg_inf_like(lp)?, lp)?)
 }
 
 /// Min-p filter: drop tokens below `max + ln(min_p)`, keeping at least `keep` tokens.
-pub fn apply_min_p(lp: &Array, min_p: f32, keep: usize) -> Result<Array> {
+pub fn apply_min_p(lp: &Array, min_p: f64, keep: usize) -> Result<Array> {
     let top = lp.max(&[-1], true)?;
-    let scaled = top.add_scalar((min_p as f64).ln())?;
+    let scaled = top.add_scalar(min_p.ln())?;
     let mut remove = lp.less(&scaled)?;
     if keep > 1 {
         let v = lp.dim(-1).unwrap_or(0);
@@ -142,7 +143,7 @@ impl Sampler {
             return Ok(logprobs.argmax(-1, false)?);
         }
         let filtered = filter(logprobs, &self.cfg)?;
-        let scaled = filtered.mul_scalar(1.0 / self.cfg.temperature as f64)?;
+        let scaled = filtered.mul_scalar(1.0 / self.cfg.temperature)?;
         let key = self.keys.next_key()?;
         Ok(categorical(&scaled, -1, &key)?)
     }

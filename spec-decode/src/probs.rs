@@ -13,7 +13,7 @@ use crate::error::Result;
 pub fn processed_logits(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
     let lp = filter(&logprobs(logits)?, cfg)?;
     let t = if cfg.temperature > 0.0 { cfg.temperature } else { 1.0 };
-    Ok(lp.mul_scalar(1.0 / t as f64)?.astype(Dtype::F32)?)
+    Ok(lp.mul_scalar(1.0 / t)?.astype(Dtype::F32)?)
 }
 
 /// The distribution a sampler draws from // [.., V] f32

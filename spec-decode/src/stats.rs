@@ -9,7 +9,8 @@ pub struct SpecStats {
     pub emitted: usize,
     /// Drafts verified (after pruning).
     pub drafted: usize,
-    /// Drafts accepted.
+    /// Drafts accepted by the verifier (a stop token ending the round early can leave some
+    /// of them unemitted).
     pub accepted: usize,
     /// Verify rounds (= target forwards after the prefill).
     pub rounds: usize,

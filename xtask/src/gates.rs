@@ -328,7 +328,7 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     confs.sort_by(f32::total_cmp);
     let median = confs.get(confs.len() / 2).copied().context("the drafter gave no position-1 confidences")?;
     let conditions = [
-        (0.7f32, false, Pruning::Off, VerifyRule::Exact),
+        (0.7f64, false, Pruning::Off, VerifyRule::Exact),
         (1.0, false, Pruning::MinConf(median), VerifyRule::Exact),
         (0.7, true, Pruning::MinConf(median), VerifyRule::Exact),
         (1.0, true, Pruning::Off, VerifyRule::Exact),
