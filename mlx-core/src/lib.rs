@@ -24,7 +24,7 @@ pub mod random;
 mod sys;
 
 pub use array::{async_eval, eval, mlx_version, synchronize, Array};
-pub use device::Device;
+pub use device::{Device, Stream};
 pub use dtype::{Dtype, Element, ParseDtypeError};
 pub use error::{Error, Result};
 pub use io::{load_safetensors, save_safetensors, SafetensorsFile};

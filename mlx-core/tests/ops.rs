@@ -337,3 +337,21 @@ fn clone_shares_and_drop_frees() -> R {
     assert!(mlx_core::mlx_version().starts_with("0.32.4"));
     Ok(())
 }
+
+#[test]
+fn streams_queue_work_apart_from_the_default() -> R {
+    use mlx_core::{Device, Stream};
+    let original = Stream::default_for(Device::Cpu)?;
+    let side = Stream::new(Device::Cpu)?;
+    assert_ne!(side, original, "a new stream is a different queue");
+    assert_eq!(side.device(), Device::Cpu);
+    side.set_default()?;
+    assert_eq!(Stream::default_for(Device::Cpu)?, side);
+    let a = arr(&[1.0, 2.0], &[2]).mul_scalar(3.0)?;
+    a.eval()?;
+    side.synchronize()?;
+    original.set_default()?;
+    assert_eq!(Stream::default_for(Device::Cpu)?, original);
+    assert_eq!(f32s(&a), vec![3.0, 6.0], "work queued on the side stream ran");
+    Ok(())
+}

@@ -143,6 +143,11 @@ pub(crate) mod ffi {
         fn set_default_device(kind: i32) -> Result<()>;
         fn default_device() -> Result<i32>;
         fn device_available(kind: i32) -> Result<bool>;
+
+        fn new_stream(kind: i32) -> Result<i32>;
+        fn default_stream(kind: i32) -> Result<i32>;
+        fn set_default_stream(index: i32, kind: i32) -> Result<()>;
+        fn synchronize_stream(index: i32, kind: i32) -> Result<()>;
     }
 }
 

@@ -332,4 +332,9 @@ void set_default_device(int32_t kind) { mx::set_default_device(to_device(kind));
 int32_t default_device() { return mx::default_device() == mx::Device(mx::Device::cpu) ? 0 : 1; }
 bool device_available(int32_t kind) { return mx::is_available(to_device(kind)); }
 
+int32_t new_stream(int32_t kind) { return mx::new_stream(to_device(kind)).index; }
+int32_t default_stream(int32_t kind) { return mx::default_stream(to_device(kind)).index; }
+void set_default_stream(int32_t index, int32_t kind) { mx::set_default_stream(mx::Stream(index, to_device(kind))); }
+void synchronize_stream(int32_t index, int32_t kind) { mx::synchronize(mx::Stream(index, to_device(kind))); }
+
 }  // namespace mlxr

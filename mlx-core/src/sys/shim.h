@@ -126,4 +126,10 @@ void set_default_device(int32_t kind);
 int32_t default_device();
 bool device_available(int32_t kind);
 
+// ---- streams (identified by index and device kind) ----
+int32_t new_stream(int32_t kind);
+int32_t default_stream(int32_t kind);
+void set_default_stream(int32_t index, int32_t kind);
+void synchronize_stream(int32_t index, int32_t kind);
+
 }  // namespace mlxr
