@@ -5,6 +5,7 @@
 
 pub mod accept;
 pub mod calibration;
+pub mod context_cache;
 pub mod decode;
 pub mod deepspec;
 pub mod drafter;

@@ -30,7 +30,7 @@ use mlx_core::{concatenate, Array, Dtype};
 
 pub use config::{DeepSpecConfig, RopeKind, ARCHITECTURE};
 pub use context::ContextKv;
-pub use model::LayerKv;
+pub use crate::context_cache::LayerKv;
 pub use synthetic::{write_synthetic_deepspec, SyntheticDeepSpec};
 
 use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
@@ -209,7 +209,7 @@ impl Drafter for DeepSpecDrafter {
         self.ctx = None;
         let rows = ctx.ok_or_else(|| Error::Contract("deepspec reset: the drafter reads tapped target context, got none".into()))?;
         let mut fresh = ContextKv::new(self.model.cfg.num_hidden_layers);
-        fresh.append(&self.model, rows, len, "reset")?;
+        fresh.append(context::project_rows(&self.model, rows, len, 0, "reset")?, len)?;
         self.ctx = Some(fresh);
         Ok(())
     }
@@ -223,9 +223,15 @@ impl Drafter for DeepSpecDrafter {
     }
 
     fn commit(&mut self, rows: Option<&Array>, k: usize) -> Result<()> {
-        let ctx = self.ctx.as_mut().ok_or_else(|| Error::Contract("deepspec: commit before reset".into()))?;
         let rows = rows.ok_or_else(|| Error::Contract("deepspec commit: missing tapped rows".into()))?;
-        ctx.append(&self.model, rows, k, "commit")
+        let start = self.ctx.as_ref().ok_or_else(|| Error::Contract("deepspec: commit before reset".into()))?.len();
+        // Bad rows are refused before anything changes; a write that fails midway drops the
+        // context (fail closed) rather than leave its layers uneven.
+        let kv = context::project_rows(&self.model, rows, k, start, "commit")?;
+        let mut ctx = self.ctx.take().ok_or_else(|| Error::Contract("deepspec: commit before reset".into()))?;
+        ctx.append(kv, k)?;
+        self.ctx = Some(ctx);
+        Ok(())
     }
 }
 

@@ -17,16 +17,8 @@ use mlx_core::{gelu_approx, Array, Dtype};
 
 use super::config::{DeepSpecConfig, RopeKind};
 use super::context::ContextKv;
+use crate::context_cache::LayerKv;
 use crate::error::Result;
-
-/// One layer's cached context K and V // [1, nKv, L, hd] each.
-#[derive(Clone, Debug)]
-pub struct LayerKv {
-    /// k_norm'd and roped at absolute positions.
-    pub k: Array,
-    /// Weightless RMSNorm of the raw k_proj output, not roped.
-    pub v: Array,
-}
 
 struct Layer {
     q_proj: Linear,

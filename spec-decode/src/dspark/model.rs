@@ -17,13 +17,13 @@ use std::path::{Path, PathBuf};
 use gemma4::checkpoint::{write_json, StagedDir};
 use gemma4::config::QuantizationConfig;
 use gemma4::weights::{LinearWeights, WeightMap};
-use gemma4::cache::KvCache;
-use gemma4::{LayerCache, TapSet, TextConfig};
+use gemma4::{TapSet, TextConfig};
 use mlx_core::quant::Quantized;
 use mlx_core::random::{self, KeyChain};
 use mlx_core::{concatenate, fast, gelu_approx, Array, Dtype};
 
 use super::config::{check_target, param_kind, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, ParamKind, KIND};
+use crate::context_cache::{ContextCache, LayerKv};
 use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 use crate::error::{Error, Result};
 
@@ -70,11 +70,6 @@ fn quantizable(name: &str) -> bool {
     matches!(param_kind(name), ParamKind::Matrix | ParamKind::GatherTable)
 }
 
-/// Context keys and values of one layer // [1, heads, L, hd]
-struct LayerCtx {
-    k: Array,
-    v: Array,
-}
 
 /// A DSpark drafter bound to one target.
 pub struct DSparkDrafter {
@@ -87,11 +82,7 @@ pub struct DSparkDrafter {
     params: BTreeMap<String, Array>,
     /// Matrix parameters, dense or quantized.
     mats: BTreeMap<String, Mat>,
-    /// Per layer, the committed context rows' K/V in a growing buffer (gemma4's `KvCache`):
-    /// commits append, and each round writes its block rows after them, attends, and trims
-    /// them off again, so no round copies the whole context.
-    ctx: Option<Vec<LayerCache>>,
-    ctx_len: usize,
+    ctx: Option<ContextCache>,
 }
 
 fn p<'a>(params: &'a BTreeMap<String, Array>, name: &str) -> Result<&'a Array> {
@@ -134,7 +125,7 @@ impl DSparkDrafter {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(DSparkDrafter { cfg, dims, target_id, taps, layers, params, mats, ctx: None, ctx_len: 0 })
+        Ok(DSparkDrafter { cfg, dims, target_id, taps, layers, params, mats, ctx: None })
     }
 
     fn mat(&self, name: &str) -> Result<&Mat> {
@@ -285,20 +276,20 @@ impl DSparkDrafter {
     }
 
     /// Projects tapped rows into every layer's context K/V // [1, L, m·H] -> per layer [1, h, L, hd]
-    fn project_context(&self, rows: &Array) -> Result<Vec<LayerCtx>> {
+    fn project_context(&self, rows: &Array) -> Result<Vec<LayerKv>> {
         let x = self.mat("W_c")?.apply(&rows.astype(Dtype::F32)?)?;
         let hctx = self.rms(&x, p(&self.params, "ctx_norm")?)?; // [1, L, D]
         self.layers
             .iter()
             .map(|l| {
                 let nc = self.rms(&hctx, &l.attn_norm)?;
-                Ok(LayerCtx { k: self.heads(&l.k.apply(&nc)?)?, v: self.heads(&l.v.apply(&nc)?)? })
+                Ok(LayerKv { k: self.heads(&l.k.apply(&nc)?)?, v: self.heads(&l.v.apply(&nc)?)? })
             })
             .collect()
     }
 
     /// The backbone over the block // anchor [1] -> block hidden [1, γ, D]
-    fn backbone(&self, ctx: &mut [LayerCache], target: &gemma4::Model, anchor: &Array) -> Result<Array> {
+    fn backbone(&self, ctx: &mut ContextCache, target: &gemma4::Model, anchor: &Array) -> Result<Array> {
         let g = self.cfg.gamma as i32;
         let emb = target.embed_raw(&anchor.reshape(&[1, 1])?)?.astype(Dtype::F32)?; // [1, 1, H]
         let pos = p(&self.params, "block_pos")?;
@@ -310,12 +301,11 @@ impl DSparkDrafter {
             row0
         }; // [1, γ, D]
         let scale = ((self.cfg.d_draft / self.cfg.n_heads) as f32).powf(-0.5);
-        for (l, c) in self.layers.iter().zip(ctx) {
+        for (i, l) in self.layers.iter().enumerate() {
             let nd = self.rms(&h, &l.attn_norm)?;
             let q = self.heads(&l.q.apply(&nd)?)?;
-            // [context; block] keys and values, then the block rows are dropped again.
-            let (k, v) = c.update_and_fetch(&self.heads(&l.k.apply(&nd)?)?, &self.heads(&l.v.apply(&nd)?)?)?; // [1, h, L+γ, hd]
-            c.trim(g as usize)?;
+            let block = LayerKv { k: self.heads(&l.k.apply(&nd)?)?, v: self.heads(&l.v.apply(&nd)?)? };
+            let (k, v) = ctx.with_block(i, &block)?; // [1, h, L+γ, hd]
             let a = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::None)?; // no mask: bidirectional
             let a = l.o.apply(&a.transpose(&[0, 2, 1, 3])?.reshape(&[1, g, -1])?)?;
             h = h.add(&a)?;
@@ -345,23 +335,21 @@ impl Drafter for DSparkDrafter {
     }
 
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {
+        self.ctx = None;
         let rows = ctx.ok_or_else(|| Error::Contract("dspark needs the tapped prompt context".into()))?;
         if rows.dim(1) != Some(len as i32) {
             return Err(Error::Contract(format!("context has {:?} rows, expected {len}", rows.shape())));
         }
-        let mut ctx: Vec<LayerCache> = (0..self.layers.len()).map(|_| LayerCache::Full(KvCache::new())).collect();
+        let mut ctx = ContextCache::new(self.layers.len());
         if len > 0 {
-            for (c, kv) in ctx.iter_mut().zip(self.project_context(rows)?) {
-                c.update_and_fetch(&kv.k, &kv.v)?;
-            }
+            ctx.append(self.project_context(rows)?, len)?;
         }
         self.ctx = Some(ctx);
-        self.ctx_len = len;
         Ok(())
     }
 
     fn context_len(&self) -> usize {
-        self.ctx_len
+        self.ctx.as_ref().map_or(0, ContextCache::len)
     }
 
     fn propose(&mut self, req: DraftRequest<'_>) -> Result<Proposal> {
@@ -403,13 +391,12 @@ impl Drafter for DSparkDrafter {
         if self.ctx.is_none() {
             return Err(Error::Contract("dspark: commit before reset".into()));
         }
-        if k > 0 {
-            let new = self.project_context(rows)?;
-            for (c, kv) in self.ctx.iter_mut().flatten().zip(new) {
-                c.update_and_fetch(&kv.k, &kv.v)?;
-            }
-        }
-        self.ctx_len += k;
+        // Bad rows are refused before anything changes; a write that fails midway drops the
+        // context (fail closed) rather than leave its layers uneven.
+        let kv = self.project_context(rows)?;
+        let mut ctx = self.ctx.take().ok_or_else(|| Error::Contract("dspark: commit before reset".into()))?;
+        ctx.append(kv, k)?;
+        self.ctx = Some(ctx);
         Ok(())
     }
 }
