@@ -136,8 +136,10 @@ impl StagedDir {
         }
         let name = dest.file_name().and_then(|n| n.to_str()).unwrap_or("checkpoint");
         let tmp = dest.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+        for stale in [tmp.clone(), aside(&tmp)] {
+            if stale.exists() {
+                std::fs::remove_dir_all(&stale).map_err(|e| io(&stale, e))?;
+            }
         }
         std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
         Ok(StagedDir { tmp, dest: dest.to_path_buf(), committed: false })
@@ -156,11 +158,7 @@ impl StagedDir {
         if let Some(parent) = self.dest.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
         }
-        let old = self.dest.exists().then(|| {
-            let mut o = self.tmp.clone().into_os_string();
-            o.push(".old");
-            PathBuf::from(o)
-        });
+        let old = self.dest.exists().then(|| aside(&self.tmp));
         if let Some(old) = &old {
             std::fs::rename(&self.dest, old).map_err(|e| io(&self.dest, e))?;
         }
@@ -172,10 +170,18 @@ impl StagedDir {
         }
         self.committed = true;
         if let Some(old) = &old {
-            std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
+            // The new output is in place; a leftover hidden copy of the old one is not a failure.
+            let _ = std::fs::remove_dir_all(old);
         }
         Ok(self.dest.clone())
     }
+}
+
+/// Where `commit` puts a replaced output until the new one is in place.
+fn aside(tmp: &Path) -> PathBuf {
+    let mut o = tmp.as_os_str().to_os_string();
+    o.push(".old");
+    PathBuf::from(o)
 }
 
 impl Drop for StagedDir {
