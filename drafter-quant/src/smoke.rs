@@ -12,11 +12,11 @@
 use std::path::{Path, PathBuf};
 
 use gemma4::checkpoint::random_weights;
-use gemma4::config::tiny_config_a;
+use gemma4::config::{tiny_config_a, tiny_dense_config};
 use gemma4::weights::WeightMap;
-use gemma4::{Model, TextConfig};
+use gemma4::Model;
 use mlx_core::{Array, Dtype};
-use spec_decode::loader::{load_drafter, target_shape, TargetShape};
+use spec_decode::loader::{load_drafter, target_shape};
 use spec_decode::{DraftRequest, DraftSampling, Drafter, Proposal};
 
 use crate::error::{Error, Result};
@@ -82,25 +82,13 @@ pub fn draft_round(drafter: &mut dyn Drafter, target: &Model) -> spec_decode::Re
     })
 }
 
-/// A weightless target config of the drafter's target dims: enough for the loader's checks.
-fn shadow_target(shape: TargetShape) -> spec_decode::Result<TextConfig> {
-    let mut json = tiny_config_a().to_json_value();
-    let n = shape.num_hidden_layers;
-    json["hidden_size"] = shape.hidden_size.into();
-    json["vocab_size"] = shape.vocab_size.into();
-    json["vocab_size_per_layer_input"] = shape.vocab_size.into();
-    json["num_hidden_layers"] = n.into();
-    json["layer_types"] = (0..n).map(|i| if i + 1 == n { "full_attention" } else { "sliding_attention" }).collect::<Vec<_>>().into();
-    json["num_kv_shared_layers"] = 0.into();
-    json["hidden_size_per_layer_input"] = 0.into();
-    TextConfig::from_json_str(&json.to_string()).map_err(|e| spec_decode::Error::Contract(format!("the drafter's target dims make no valid config: {e}")))
-}
-
 /// Reloads the drafter in `dir` (every tensor through the loader's name, shape and quantization
 /// checks) and projects one zero context row into it.
 fn context_smoke(dir: &Path) -> spec_decode::Result<()> {
     let shape = target_shape(dir)?;
-    let target = shadow_target(shape)?;
+    // A weightless target config of the drafter's own target dims: enough for the loader.
+    let target = tiny_dense_config(shape.hidden_size, shape.vocab_size, shape.num_hidden_layers)
+        .map_err(|e| spec_decode::Error::Contract(format!("the drafter's target dims make no valid config: {e}")))?;
     let mut drafter = load_drafter(dir, &target)?;
     let width = (drafter.taps().points().len() * shape.hidden_size) as i32;
     let row = Array::zeros(&[1, 1, width], Dtype::Bf16)?; // [1, 1, taps·H]

@@ -866,3 +866,23 @@ pub fn tiny_config_a() -> TextConfig {
 pub fn tiny_config_b() -> TextConfig {
     TextConfig::from_json_str(&tiny_config_b_json().to_string()).expect("tiny config B is valid")
 }
+
+/// A small dense target shaped by the caller: config A's attention and MLP dims with the given
+/// hidden size, vocabulary and depth (sliding layers, the last one full), no PLE, KV sharing or
+/// MoE. For tests and smokes that need a target of particular dims, not config A's features.
+pub fn tiny_dense_config(hidden_size: usize, vocab_size: usize, num_layers: usize) -> Result<TextConfig, ConfigError> {
+    let mut v = tiny_config_a_json();
+    let n = num_layers.max(1);
+    let types: Vec<&str> = (0..n).map(|i| if i + 1 == n { "full_attention" } else { "sliding_attention" }).collect();
+    if let (Value::Object(map), Value::Object(d)) = (
+        &mut v,
+        json!({
+            "hidden_size": hidden_size, "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size,
+            "num_hidden_layers": n, "layer_types": types, "num_kv_shared_layers": 0,
+            "hidden_size_per_layer_input": 0,
+        }),
+    ) {
+        map.extend(d);
+    }
+    TextConfig::from_json_str(&v.to_string())
+}

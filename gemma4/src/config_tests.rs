@@ -643,3 +643,12 @@ fn to_json_value_round_trips() {
         }
     );
 }
+
+#[test]
+fn tiny_dense_config_has_the_asked_dims_and_no_extras() {
+    let c = tiny_dense_config(256, 16, 3).unwrap();
+    assert_eq!((c.hidden_size, c.vocab_size, c.num_hidden_layers), (256, 16, 3));
+    assert_eq!(c.layers.iter().map(|l| l.kind).collect::<Vec<_>>(), vec![Sliding, Sliding, Full]);
+    assert!(!c.has_ple() && !c.enable_moe_block && c.num_caches() == 3, "no PLE, MoE or KV sharing");
+    assert!(tiny_dense_config(0, 16, 2).unwrap_err().to_string().contains("hidden_size"));
+}
