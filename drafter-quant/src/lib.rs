@@ -106,6 +106,8 @@ pub struct QuantReport {
 
 /// `<src>-affine-q<bits>-g<group>`, the default output directory (spec §15.3).
 pub fn default_out_dir(src: &Path, bits: u32, group_size: u32) -> PathBuf {
+    // Beside the source (resolved first, so `--src .` does not put it inside).
+    let src = src.canonicalize().unwrap_or_else(|_| src.to_path_buf());
     let name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "drafter".into());
     src.with_file_name(format!("{name}-affine-q{bits}-g{group_size}"))
 }

@@ -65,13 +65,17 @@ pub struct Args {
     compare: bool,
 }
 
-/// The id of tokenizer_config.json's `eos_token` (a string or `{"content": …}`), if any.
-fn tokenizer_eos(dir: &std::path::Path, tok: &Tokenizer) -> Option<u32> {
+/// The id of tokenizer_config.json's `eos_token` (a string or `{"content": …}`), if any; the
+/// tokenizer is read from `dir` when the prompt did not need it (`--tokens`).
+fn tokenizer_eos(dir: &std::path::Path, tok: Option<&Tokenizer>) -> Option<u32> {
     let text = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?;
     let v: serde_json::Value = serde_json::from_str(&text).ok()?;
     let eos = &v["eos_token"];
     let name = eos.as_str().or_else(|| eos["content"].as_str())?;
-    tok.token_to_id(name)
+    match tok {
+        Some(t) => t.token_to_id(name),
+        None => Tokenizer::from_file(dir.join("tokenizer.json")).ok()?.token_to_id(name),
+    }
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -116,12 +120,11 @@ pub fn run(a: Args) -> Result<()> {
         sampler: SamplerConfig { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, min_tokens_to_keep: 1 },
         seed: a.seed,
         prefill_step: 2048,
-        stop_tokens: match (a.ignore_eos, model.config().eos_token_ids.is_empty(), &tokenizer) {
-            (true, _, _) => vec![],
-            (false, false, _) => model.config().eos_token_ids.clone(),
+        stop_tokens: match (a.ignore_eos, model.config().eos_token_ids.is_empty()) {
+            (true, _) => vec![],
+            (false, false) => model.config().eos_token_ids.clone(),
             // As mlx-lm: without eos ids in the config, the tokenizer's eos token stops.
-            (false, true, Some(tok)) => tokenizer_eos(&dir, tok).into_iter().collect(),
-            (false, true, None) => vec![],
+            (false, true) => tokenizer_eos(&dir, tokenizer.as_ref()).into_iter().collect(),
         },
     };
     let drafter = match a.drafter.as_deref() {

@@ -27,8 +27,10 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let out = args.out.clone().unwrap_or_else(|| {
-        let name = args.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-        args.model.with_file_name(format!("{name}-q{}-g{}", args.bits, args.group_size))
+        // Beside the model (resolved first, so `--model .` does not put it inside).
+        let model = std::fs::canonicalize(&args.model).unwrap_or_else(|_| args.model.clone());
+        let name = model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        model.with_file_name(format!("{name}-q{}-g{}", args.bits, args.group_size))
     });
     eprintln!("quantizing {} to {} bits, group {} ...", args.model.display(), args.bits, args.group_size);
     let dir = gemma4::checkpoint::quantize_checkpoint(&args.model, &out, args.bits, args.group_size, args.force)?;
