@@ -543,3 +543,22 @@ fn full_cache_across_the_256_row_step() {
     };
     run(&mut h, &mut st).unwrap();
 }
+
+#[test]
+fn malformed_writes_are_refused_and_change_nothing() {
+    for mut c in [LayerCache::Full(KvCache::new()), LayerCache::Rotating(RotatingKvCache::new(4))] {
+        let (k, v) = rows(&Stamps(0).toks(0, 3));
+        c.update_and_fetch(&k, &v).unwrap();
+        let before = c.retained().unwrap().map(|(k, v)| (k.to_bytes().unwrap(), v.to_bytes().unwrap()));
+        let wide = Array::zeros(&[1, 1, 1, 3], mlx_core::Dtype::F32).unwrap(); // D 3 vs the cached 2
+        let flat = Array::zeros(&[1, 2], mlx_core::Dtype::F32).unwrap();
+        for (k, v) in [(&wide, &wide), (&flat, &flat)] {
+            let e = c.update_and_fetch(k, v).unwrap_err().to_string();
+            assert!(e.contains("cache write"), "{e}");
+            assert!(c.update_and_fetch_stepwise(k, v).is_err());
+        }
+        assert_eq!(c.offset(), 3, "a refused write moved the offset");
+        let after = c.retained().unwrap().map(|(k, v)| (k.to_bytes().unwrap(), v.to_bytes().unwrap()));
+        assert_eq!(before, after, "a refused write changed the rows");
+    }
+}

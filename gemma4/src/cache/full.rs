@@ -27,7 +27,7 @@ impl KvCache {
 
     /// Writes k, v [B, H, S, D] at `offset` and returns `[:offset]` (or the whole buffer when full).
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
-        super::check_rows(k, v)?;
+        super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         let prev = self.offset as i32;
         let s = k.dim(2).unwrap_or(0);
         let capacity = self.keys.as_ref().and_then(|a| a.dim(2)).unwrap_or(0);
@@ -51,13 +51,13 @@ impl KvCache {
                 }
             }
         }
-        self.offset += s as usize;
-        let end = self.offset as i32;
+        let end = prev + s;
         let (keys, values) = (self.keys.as_ref().unwrap_or(k), self.values.as_ref().unwrap_or(v));
         let keys = write_rows(keys, k, prev, end)?;
         let values = write_rows(values, v, prev, end)?;
         self.keys = Some(keys);
         self.values = Some(values);
+        self.offset = end as usize;
         self.fetch()
     }
 

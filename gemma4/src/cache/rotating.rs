@@ -65,7 +65,7 @@ impl RotatingKvCache {
 
     /// Writes k, v [B, H, S, D]; S == 1 takes the in-place path, S > 1 the concat path.
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
-        super::check_rows(k, v)?;
+        super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         if k.dim(2) == Some(1) {
             self.update_in_place(k, v)
         } else {
@@ -178,7 +178,7 @@ impl RotatingKvCache {
     /// that a one-token decode step at that row's position would attend to: the same rows in
     /// the same ring order, so attention over them is bit-identical to token-at-a-time decoding.
     pub fn update_and_fetch_stepwise(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<(Array, Array)>> {
-        super::check_rows(k, v)?;
+        super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         let prev = self.offset;
         let phase = *self.phase.get_or_insert(prev.max(self.max_size as usize));
         let (keys, values) = self.update_concat(k, v)?;
