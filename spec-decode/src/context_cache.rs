@@ -40,8 +40,8 @@ impl ContextCache {
         self.len == 0
     }
 
-    /// Appends `rows` committed rows, given as every layer's K/V of just those rows. A failed
-    /// append can leave layers uneven: callers drop the context on error (fail closed).
+    /// Appends `rows` committed rows, given as every layer's K/V of just those rows. All or
+    /// nothing: if a layer's write fails, the layers already written are trimmed back.
     pub fn append(&mut self, kv: Vec<LayerKv>, rows: usize) -> Result<()> {
         if rows == 0 {
             return Ok(());
@@ -49,8 +49,13 @@ impl ContextCache {
         if kv.len() != self.layers.len() {
             return Err(Error::Contract(format!("context append: {} layers of K/V for {} layers", kv.len(), self.layers.len())));
         }
-        for (cache, l) in self.layers.iter_mut().zip(kv) {
-            cache.update_and_fetch(&l.k, &l.v)?;
+        for (i, l) in kv.iter().enumerate() {
+            if let Err(e) = self.layers[i].update_and_fetch(&l.k, &l.v) {
+                for written in &mut self.layers[..i] {
+                    written.trim(rows)?;
+                }
+                return Err(e.into());
+            }
         }
         self.len += rows;
         Ok(())
@@ -74,5 +79,42 @@ impl ContextCache {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(rows: i32, d: i32, fill: f64) -> LayerKv {
+        let a = Array::full(&[1, 1, rows, d], fill, mlx_core::Dtype::F32).unwrap();
+        LayerKv { k: a.clone(), v: a }
+    }
+
+    fn row_counts(c: &ContextCache) -> Vec<i32> {
+        c.layers().unwrap().iter().map(|l| l.k.dim(2).unwrap()).collect()
+    }
+
+    #[test]
+    fn a_failed_append_leaves_every_layer_as_it_was() {
+        let mut c = ContextCache::new(2);
+        c.append(vec![kv(2, 4, 1.0), kv(2, 4, 1.0)], 2).unwrap();
+        // Layer 0's write succeeds, layer 1's fails (its rows are [1, 1, 1, 3] vs a [.., 4] buffer).
+        assert!(c.append(vec![kv(1, 4, 2.0), kv(1, 3, 2.0)], 1).is_err());
+        assert_eq!((c.len(), row_counts(&c)), (2, vec![2, 2]), "the written layer was trimmed back");
+        c.append(vec![kv(1, 4, 3.0), kv(1, 4, 3.0)], 1).unwrap();
+        assert_eq!((c.len(), row_counts(&c)), (3, vec![3, 3]));
+        let last = c.layers().unwrap()[0].k.slice_axis(2, 2, 3).unwrap().to_f32_vec().unwrap();
+        assert_eq!(last, vec![3.0; 4], "the rolled-back row was overwritten, not kept");
+    }
+
+    #[test]
+    fn a_block_is_attended_then_dropped() {
+        let mut c = ContextCache::new(1);
+        c.append(vec![kv(3, 4, 1.0)], 3).unwrap();
+        let (k, _) = c.with_block(0, &kv(2, 4, 9.0)).unwrap();
+        assert_eq!(k.dim(2), Some(5), "[context; block]");
+        assert_eq!((c.len(), row_counts(&c)), (3, vec![3]), "the block rows left again");
+        assert!(c.with_block(1, &kv(2, 4, 9.0)).is_err(), "no layer 1");
     }
 }

@@ -224,14 +224,8 @@ impl Drafter for DeepSpecDrafter {
 
     fn commit(&mut self, rows: Option<&Array>, k: usize) -> Result<()> {
         let rows = rows.ok_or_else(|| Error::Contract("deepspec commit: missing tapped rows".into()))?;
-        let start = self.ctx.as_ref().ok_or_else(|| Error::Contract("deepspec: commit before reset".into()))?.len();
-        // Bad rows are refused before anything changes; a write that fails midway drops the
-        // context (fail closed) rather than leave its layers uneven.
-        let kv = context::project_rows(&self.model, rows, k, start, "commit")?;
-        let mut ctx = self.ctx.take().ok_or_else(|| Error::Contract("deepspec: commit before reset".into()))?;
-        ctx.append(kv, k)?;
-        self.ctx = Some(ctx);
-        Ok(())
+        let ctx = self.ctx.as_mut().ok_or_else(|| Error::Contract("deepspec: commit before reset".into()))?;
+        ctx.append(context::project_rows(&self.model, rows, k, ctx.len(), "commit")?, k)
     }
 }
 

@@ -388,15 +388,7 @@ impl Drafter for DSparkDrafter {
         if rows.dim(1) != Some(k as i32) {
             return Err(Error::Contract(format!("commit of {k} rows got {:?}", rows.shape())));
         }
-        if self.ctx.is_none() {
-            return Err(Error::Contract("dspark: commit before reset".into()));
-        }
-        // Bad rows are refused before anything changes; a write that fails midway drops the
-        // context (fail closed) rather than leave its layers uneven.
         let kv = self.project_context(rows)?;
-        let mut ctx = self.ctx.take().ok_or_else(|| Error::Contract("dspark: commit before reset".into()))?;
-        ctx.append(kv, k)?;
-        self.ctx = Some(ctx);
-        Ok(())
+        self.ctx.as_mut().ok_or_else(|| Error::Contract("dspark: commit before reset".into()))?.append(kv, k)
     }
 }
