@@ -111,12 +111,7 @@ fn read_version(include: &Path) -> Result<String, String> {
             .find_map(|l| l.trim().strip_prefix(&format!("#define {name} ")).map(|v| v.trim().to_string()))
             .ok_or_else(|| format!("{} has no {name}", path.display()))
     };
-    Ok(format!(
-        "{}.{}.{}",
-        field("MLX_VERSION_MAJOR")?,
-        field("MLX_VERSION_MINOR")?,
-        field("MLX_VERSION_PATCH")?
-    ))
+    Ok(format!("{}.{}.{}", field("MLX_VERSION_MAJOR")?, field("MLX_VERSION_MINOR")?, field("MLX_VERSION_PATCH")?))
 }
 
 fn python() -> String {

@@ -80,8 +80,21 @@ impl Default for QuantizeOptions {
 /// Progress events, in order: `Start`, one `Tensor` per source tensor, `Warning`s, `Smoke`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Progress {
-    Start { kind: DrafterKind, tensors: usize, src_bytes: u64 },
-    Tensor { index: usize, total: usize, name: String, shape: Vec<i32>, dtype: Dtype, quantized: bool, src_bytes: u64, dst_bytes: u64 },
+    Start {
+        kind: DrafterKind,
+        tensors: usize,
+        src_bytes: u64,
+    },
+    Tensor {
+        index: usize,
+        total: usize,
+        name: String,
+        shape: Vec<i32>,
+        dtype: Dtype,
+        quantized: bool,
+        src_bytes: u64,
+        dst_bytes: u64,
+    },
     Warning(String),
     Smoke(SmokeOutcome),
 }
@@ -113,7 +126,12 @@ pub fn default_out_dir(src: &Path, bits: u32, group_size: u32) -> PathBuf {
 }
 
 /// Writes an MLX-affine quantized copy of the drafter checkpoint `src` to `dst`.
-pub fn quantize_drafter(src: &Path, dst: &Path, opts: &QuantizeOptions, progress: &mut dyn FnMut(&Progress)) -> Result<QuantReport> {
+pub fn quantize_drafter(
+    src: &Path,
+    dst: &Path,
+    opts: &QuantizeOptions,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<QuantReport> {
     if !BITS.contains(&opts.bits) {
         return Err(Error::UnsupportedBits(opts.bits));
     }
@@ -142,7 +160,11 @@ pub fn quantize_drafter(src: &Path, dst: &Path, opts: &QuantizeOptions, progress
                 let q = quantize(&w, spec)?;
                 quantized += 1;
                 q_elems += a.size() as u64;
-                vec![(format!("{module}.weight"), q.weight), (format!("{module}.scales"), q.scales), (format!("{module}.biases"), q.biases)]
+                vec![
+                    (format!("{module}.weight"), q.weight),
+                    (format!("{module}.scales"), q.scales),
+                    (format!("{module}.biases"), q.biases),
+                ]
             }
             Action::Keep => {
                 kept += 1;

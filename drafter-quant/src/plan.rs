@@ -56,7 +56,10 @@ pub(crate) fn open(src: &Path) -> Result<Source> {
     let config = read_json(&src.join(config_file))?;
     for key in ["quantization", "quantization_config"] {
         if config.get(key).is_some_and(|v| !v.is_null()) {
-            return Err(Error::AlreadyQuantized { path: src.to_path_buf(), evidence: format!("{config_file} has a {key:?} block") });
+            return Err(Error::AlreadyQuantized {
+                path: src.to_path_buf(),
+                evidence: format!("{config_file} has a {key:?} block"),
+            });
         }
     }
     match kind {
@@ -66,7 +69,10 @@ pub(crate) fn open(src: &Path) -> Result<Source> {
     let tensors = gemma4::weights::load_raw(src)?;
     let packed = tensors.iter().find(|(n, a)| n.ends_with(".scales") || a.dtype() == Dtype::U32);
     if let Some((name, _)) = packed {
-        return Err(Error::AlreadyQuantized { path: src.to_path_buf(), evidence: format!("it has the packed tensor {name:?}") });
+        return Err(Error::AlreadyQuantized {
+            path: src.to_path_buf(),
+            evidence: format!("it has the packed tensor {name:?}"),
+        });
     }
     Ok(Source { kind, config_file, config, tensors })
 }

@@ -38,10 +38,18 @@ pub enum Smoke {
 #[derive(Clone, Debug, PartialEq)]
 pub enum SmokeOutcome {
     /// One round drafted `drafts` tokens with `[drafts, vocab]` logits on `target`.
-    Passed { target: String, drafts: usize, vocab: usize },
+    Passed {
+        target: String,
+        drafts: usize,
+        vocab: usize,
+    },
     /// Reloaded through the loader and projected one context row; no draft round (no target).
-    ContextOnly { reason: String },
-    Skipped { reason: String },
+    ContextOnly {
+        reason: String,
+    },
+    Skipped {
+        reason: String,
+    },
 }
 
 /// The two-token prompt of the smoke: the first token's tapped row seeds the context, the
@@ -94,14 +102,23 @@ fn context_smoke(dir: &Path) -> spec_decode::Result<()> {
     let row = Array::zeros(&[1, 1, width], Dtype::Bf16)?; // [1, 1, taps·H]
     drafter.reset(Some(&row), 1)?;
     if drafter.context_len() != 1 {
-        return Err(spec_decode::Error::Contract(format!("context holds {} rows after projecting one", drafter.context_len())));
+        return Err(spec_decode::Error::Contract(format!(
+            "context holds {} rows after projecting one",
+            drafter.context_len()
+        )));
     }
     Ok(())
 }
 
 /// Runs the smoke on the checkpoint at `dir`; errors name `report_as` (the final output path).
 pub(crate) fn run(dir: &Path, report_as: &Path, smoke: &Smoke, warn: &mut dyn FnMut(String)) -> Result<SmokeOutcome> {
-    let fail = |stage: &'static str| move |source: spec_decode::Error| Error::Smoke { path: report_as.to_path_buf(), stage, source: Box::new(source) };
+    let fail = |stage: &'static str| {
+        move |source: spec_decode::Error| Error::Smoke {
+            path: report_as.to_path_buf(),
+            stage,
+            source: Box::new(source),
+        }
+    };
     let (target, mut drafter, name) = match smoke {
         Smoke::Off => return Ok(SmokeOutcome::Skipped { reason: "disabled (--no-smoke)".into() }),
         Smoke::Target(t) => {
@@ -120,7 +137,11 @@ pub(crate) fn run(dir: &Path, report_as: &Path, smoke: &Smoke, warn: &mut dyn Fn
                 return Ok(SmokeOutcome::ContextOnly { reason });
             }
             Err(e) => return Err(fail("reloading the drafter")(e)),
-            Ok(d) => (tiny_target(0).map_err(|e| fail("building the tiny target")(e.into()))?, d, "tiny config A".to_string()),
+            Ok(d) => (
+                tiny_target(0).map_err(|e| fail("building the tiny target")(e.into()))?,
+                d,
+                "tiny config A".to_string(),
+            ),
         },
     };
     let p = draft_round(drafter.as_mut(), &target).map_err(fail("drafting one round"))?;
@@ -129,15 +150,24 @@ pub(crate) fn run(dir: &Path, report_as: &Path, smoke: &Smoke, warn: &mut dyn Fn
         if got == want {
             Ok(())
         } else {
-            Err(Error::SmokeCheck { path: report_as.to_path_buf(), what: format!("{what} have shape {got:?}, expected {want:?}") })
+            Err(Error::SmokeCheck {
+                path: report_as.to_path_buf(),
+                what: format!("{what} have shape {got:?}, expected {want:?}"),
+            })
         }
     };
     check("draft tokens", p.tokens.shape(), vec![d as i32])?;
-    let logits = p.logits.as_ref().ok_or_else(|| Error::SmokeCheck { path: report_as.to_path_buf(), what: "no draft logits".into() })?;
+    let logits = p
+        .logits
+        .as_ref()
+        .ok_or_else(|| Error::SmokeCheck { path: report_as.to_path_buf(), what: "no draft logits".into() })?;
     check("draft logits", logits.shape(), vec![d as i32, v as i32])?;
     let values = logits.to_f32_vec()?;
     if let Some(i) = values.iter().position(|x| !x.is_finite()) {
-        return Err(Error::SmokeCheck { path: report_as.to_path_buf(), what: format!("draft logit {i} is {}", values[i]) });
+        return Err(Error::SmokeCheck {
+            path: report_as.to_path_buf(),
+            what: format!("draft logit {i} is {}", values[i]),
+        });
     }
     Ok(SmokeOutcome::Passed { target: name, drafts: d, vocab: v })
 }

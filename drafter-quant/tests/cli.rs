@@ -41,7 +41,8 @@ fn runs_end_to_end_with_the_default_output_dir() {
     let args = parse(&["--src", src.to_str().unwrap(), "--bits", "8", "--group-size", "32"]).unwrap();
     let e = quantize_drafter::run(args).unwrap_err();
     assert!(e.to_string().contains("--force"), "{e}");
-    let args = parse(&["--src", src.to_str().unwrap(), "--bits", "8", "--group-size", "32", "--force", "--no-smoke"]).unwrap();
+    let args =
+        parse(&["--src", src.to_str().unwrap(), "--bits", "8", "--group-size", "32", "--force", "--no-smoke"]).unwrap();
     quantize_drafter::run(args).unwrap();
     let bad = parse(&["--src", src.to_str().unwrap(), "--bits", "3"]).unwrap();
     assert!(quantize_drafter::run(bad).unwrap_err().to_string().contains("expected 4 or 8"));

@@ -23,10 +23,14 @@ fn refuses_a_directory_that_is_not_a_drafter() {
     let e = run(&src, &s.join("q"), &opts(4, 64, Smoke::Off)).0.unwrap_err();
     assert!(matches!(e, Error::NotDrafter { .. }), "{e}");
     assert!(e.to_string().contains("neither dspark.json"), "{e}");
-    std::fs::write(src.join("config.json"), r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#).unwrap();
+    std::fs::write(src.join("config.json"), r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}"#)
+        .unwrap();
     let e = run(&src, &s.join("q"), &opts(4, 64, Smoke::Off)).0.unwrap_err();
     let msg = e.to_string();
-    assert!(matches!(e, Error::NotDrafter { .. }) && msg.contains("LlamaForCausalLM") && msg.contains("llama"), "{msg}");
+    assert!(
+        matches!(e, Error::NotDrafter { .. }) && msg.contains("LlamaForCausalLM") && msg.contains("llama"),
+        "{msg}"
+    );
     assert_nothing_written(&s);
 }
 
@@ -51,7 +55,12 @@ fn refuses_an_already_quantized_source() {
         run(src, &q, &opts(4, 64, Smoke::Off)).0.unwrap();
         let e = run(&q, &s.join("qq"), &opts(8, 64, Smoke::Off)).0.unwrap_err();
         let msg = e.to_string();
-        assert!(matches!(e, Error::AlreadyQuantized { .. }) && msg.contains("quantization") && msg.contains("bf16 checkpoint"), "{msg}");
+        assert!(
+            matches!(e, Error::AlreadyQuantized { .. })
+                && msg.contains("quantization")
+                && msg.contains("bf16 checkpoint"),
+            "{msg}"
+        );
     }
     // Packed tensors without a config block are caught too.
     let q = s.join("ds-q");
@@ -103,7 +112,10 @@ fn refuses_a_deepspec_matrix_the_group_size_does_not_divide() {
     let s = Scratch::new("div-ds-markov");
     let src = write_deepspec(&s.join("src"), &SyntheticDeepSpec::default());
     let e = run(&src, &s.join("q"), &opts(8, 32, Smoke::Off)).0.unwrap_err();
-    assert!(matches!(&e, Error::NotDivisible { tensor, axis_len: 16, .. } if tensor == "markov_head.markov_w1.weight"), "{e}");
+    assert!(
+        matches!(&e, Error::NotDivisible { tensor, axis_len: 16, .. } if tensor == "markov_head.markov_w1.weight"),
+        "{e}"
+    );
     assert_nothing_written(&s);
 }
 
@@ -163,7 +175,10 @@ fn a_failed_smoke_leaves_nothing_behind() {
     let wrong = write_random_checkpoint(&s.join("wrong-target"), &tiny_config_b(), 0, Dtype::Bf16, 1, true).unwrap();
     let e = run(&src, &s.join("q"), &opts(4, 64, Smoke::Target(wrong))).0.unwrap_err();
     let msg = format!("{e}: {}", std::error::Error::source(&e).map(|c| c.to_string()).unwrap_or_default());
-    assert!(matches!(e, Error::Smoke { stage: "reloading the drafter", .. }) && msg.contains("6-layer target"), "{msg}");
+    assert!(
+        matches!(e, Error::Smoke { stage: "reloading the drafter", .. }) && msg.contains("6-layer target"),
+        "{msg}"
+    );
     assert_eq!(s.entries(), vec!["src".to_string(), "wrong-target".to_string()]);
 }
 

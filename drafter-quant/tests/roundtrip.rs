@@ -30,8 +30,15 @@ const U: f32 = 1.0 / 256.0;
 /// mx.quantize itself on bf16 weights: measured max |w − ŵ| / |s| is 1.05 at 4 bits and 2.5
 /// at 8 bits with MLX 0.32.4.) The RMS relative error is checked too, to catch gross errors
 /// the elementwise bound would allow.
-fn check_affine_bound(name: &str, original: &Array, out: &std::collections::BTreeMap<String, Array>, module: &str, spec: QuantSpec) -> f32 {
-    let (w, s, b) = (&out[&format!("{module}.weight")], &out[&format!("{module}.scales")], &out[&format!("{module}.biases")]);
+fn check_affine_bound(
+    name: &str,
+    original: &Array,
+    out: &std::collections::BTreeMap<String, Array>,
+    module: &str,
+    spec: QuantSpec,
+) -> f32 {
+    let (w, s, b) =
+        (&out[&format!("{module}.weight")], &out[&format!("{module}.scales")], &out[&format!("{module}.biases")]);
     assert_eq!(w.dtype(), Dtype::U32, "{module}.weight is packed");
     assert_eq!((s.dtype(), b.dtype()), (Dtype::Bf16, Dtype::Bf16), "{module} scales/biases are bf16");
     let [rows, cols] = original.shape()[..] else { panic!("{name} is not 2-D") };
@@ -81,8 +88,13 @@ fn first_row_gap(a: &std::path::Path, b: &std::path::Path) -> f32 {
 }
 
 fn assert_progress(events: &[Progress], total: usize, kind: DrafterKind) {
-    assert!(matches!(events.first(), Some(Progress::Start { kind: k, tensors, .. }) if *k == kind && *tensors == total));
-    let indices: Vec<usize> = events.iter().filter_map(|e| if let Progress::Tensor { index, .. } = e { Some(*index) } else { None }).collect();
+    assert!(
+        matches!(events.first(), Some(Progress::Start { kind: k, tensors, .. }) if *k == kind && *tensors == total)
+    );
+    let indices: Vec<usize> = events
+        .iter()
+        .filter_map(|e| if let Progress::Tensor { index, .. } = e { Some(*index) } else { None })
+        .collect();
     assert_eq!(indices, (1..=total).collect::<Vec<_>>(), "one progress event per tensor, in order");
     assert!(matches!(events.last(), Some(Progress::Smoke(SmokeOutcome::Passed { .. }))), "smoke reported last");
 }
@@ -101,7 +113,8 @@ fn deepspec_round_trips() {
 
         let mut n_quant = 0;
         for (name, a) in &inp {
-            let module = name.strip_suffix(".weight").filter(|_| a.ndim() == 2 && !name.starts_with("confidence_head."));
+            let module =
+                name.strip_suffix(".weight").filter(|_| a.ndim() == 2 && !name.starts_with("confidence_head."));
             match module {
                 Some(m) => {
                     n_quant += 1;
@@ -185,7 +198,9 @@ fn dspark_round_trips() {
             }
         }
         assert_eq!(n_quant, 2 * 7 + 5);
-        for kept in ["conf.w", "conf.b", "mask_emb", "block_pos", "ctx_norm", "out_norm", "bb.0.attn_norm", "bb.1.ff_norm"] {
+        for kept in
+            ["conf.w", "conf.b", "mask_emb", "block_pos", "ctx_norm", "out_norm", "bb.0.attn_norm", "bb.1.ff_norm"]
+        {
             assert!(out.contains_key(kept), "{kept} kept under its own key");
         }
         assert_eq!((r.tensors_quantized, r.tensors_kept), (n_quant, inp.len() - n_quant));
@@ -226,7 +241,10 @@ fn small_shards_are_indexed_and_load() {
     assert!(matches!(r.smoke, SmokeOutcome::Passed { .. }));
     let leftovers: Vec<String> = s.entries();
     assert_eq!(leftovers, vec!["q".to_string(), "src".to_string()]);
-    assert!(std::fs::read_dir(&dst).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().starts_with('.')), "no part files left");
+    assert!(
+        std::fs::read_dir(&dst).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().starts_with('.')),
+        "no part files left"
+    );
 }
 
 #[test]

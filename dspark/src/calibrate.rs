@@ -46,8 +46,13 @@ pub fn run(a: Args) -> Result<()> {
         None => crate::default_model::ensure(false)?,
     };
     let model = Model::load(&model_dir).with_context(|| format!("loading {}", model_dir.display()))?;
-    let ddir = if a.drafter == "default" { crate::default_model::ensure_drafter(&model_dir, false)? } else { PathBuf::from(&a.drafter) };
-    let mut drafter = DSparkDrafter::load(&ddir, model.config()).with_context(|| format!("loading the DSpark drafter in {}", ddir.display()))?;
+    let ddir = if a.drafter == "default" {
+        crate::default_model::ensure_drafter(&model_dir, false)?
+    } else {
+        PathBuf::from(&a.drafter)
+    };
+    let mut drafter = DSparkDrafter::load(&ddir, model.config())
+        .with_context(|| format!("loading the DSpark drafter in {}", ddir.display()))?;
     if drafter.config().sts.is_some() && !a.force {
         bail!("{} already has calibrated thresholds — pass --force to recalibrate", ddir.display());
     }
@@ -59,7 +64,11 @@ pub fn run(a: Args) -> Result<()> {
             let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
             text.lines()
                 .filter(|l| !l.trim().is_empty())
-                .map(|l| tok.encode(l, true).map(|e| e.get_ids().to_vec()).map_err(|e| anyhow::anyhow!("encoding {l:?}: {e}")))
+                .map(|l| {
+                    tok.encode(l, true)
+                        .map(|e| e.get_ids().to_vec())
+                        .map_err(|e| anyhow::anyhow!("encoding {l:?}: {e}"))
+                })
                 .collect::<Result<_>>()?
         }
         None => (0..a.prompts as u32).map(|i| (0..8).map(|j| 4 + (i * 131 + j * 29 + 7) % (v - 4)).collect()).collect(),

@@ -24,7 +24,8 @@ pub fn ensure_drafter(model_dir: &std::path::Path, force: bool) -> Result<PathBu
     eprintln!("dspark: fitting the embedded default drafter to the default model (once) -> {}", dir.display());
     let model = gemma4::Model::load(model_dir)?;
     let v = model.config().vocab_size as u32;
-    let prompts: Vec<Vec<u32>> = (0..32u32).map(|i| (0..6).map(|j| 4 + (i * 31 + j * 17) % (v - 4)).collect()).collect();
+    let prompts: Vec<Vec<u32>> =
+        (0..32u32).map(|i| (0..6).map(|j| 4 + (i * 31 + j * 17) % (v - 4)).collect()).collect();
     let d = spec_decode::dspark::fit_bigram_drafter(&model, "dspark-default", &prompts, 96, 4)?;
     Ok(d.save(&dir, true)?)
 }

@@ -104,7 +104,9 @@ pub fn run(a: Args) -> Result<()> {
     };
     let prompt: Vec<u32> = match (&a.tokens, &a.prompt, &tokenizer) {
         (Some(t), _, _) => parse_ids(t)?,
-        (None, Some(p), Some(tok)) => tok.encode(p.as_str(), true).map_err(|e| anyhow::anyhow!("encoding the prompt: {e}"))?.get_ids().to_vec(),
+        (None, Some(p), Some(tok)) => {
+            tok.encode(p.as_str(), true).map_err(|e| anyhow::anyhow!("encoding the prompt: {e}"))?.get_ids().to_vec()
+        }
         (None, None, Some(tok)) => {
             let default = "t5 t6 t7 t8";
             eprintln!("dspark: no --prompt given, using {default:?}");
@@ -117,7 +119,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     let cfg = GenerateConfig {
         max_tokens: a.max_tokens,
-        sampler: SamplerConfig { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, min_p: a.min_p, min_tokens_to_keep: 1 },
+        sampler: SamplerConfig {
+            temperature: a.temperature,
+            top_p: a.top_p,
+            top_k: a.top_k,
+            min_p: a.min_p,
+            min_tokens_to_keep: 1,
+        },
         seed: a.seed,
         prefill_step: 2048,
         stop_tokens: match (a.ignore_eos, model.config().eos_token_ids.is_empty()) {
@@ -129,18 +137,25 @@ pub fn run(a: Args) -> Result<()> {
     };
     let drafter = match a.drafter.as_deref() {
         None => None,
-        Some("self") => Some(Box::new(spec_decode::oracle::SelfDrafter::new(a.gamma.unwrap_or(4))) as Box<dyn spec_decode::Drafter>),
+        Some("self") => {
+            Some(Box::new(spec_decode::oracle::SelfDrafter::new(a.gamma.unwrap_or(4))) as Box<dyn spec_decode::Drafter>)
+        }
         Some(d) => {
             let ddir = if d == "default" {
                 if a.model.is_some() {
-                    bail!("--drafter default belongs to the embedded default model; pass a drafter directory for --model");
+                    bail!(
+                        "--drafter default belongs to the embedded default model; pass a drafter directory for --model"
+                    );
                 }
                 crate::default_model::ensure_drafter(&dir, false)?
             } else {
                 PathBuf::from(d)
             };
             eprintln!("dspark: loading drafter {}", ddir.display());
-            Some(spec_decode::loader::load_drafter(&ddir, model.config()).with_context(|| format!("loading the drafter in {}", ddir.display()))?)
+            Some(
+                spec_decode::loader::load_drafter(&ddir, model.config())
+                    .with_context(|| format!("loading the drafter in {}", ddir.display()))?,
+            )
         }
     };
     let mut out = std::io::stdout().lock();

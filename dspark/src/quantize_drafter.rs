@@ -11,7 +11,7 @@ pub struct Args {
     /// The bf16 drafter checkpoint (DeepSpec config.json or DSpark dspark.json).
     #[arg(long, value_name = "DIR")]
     pub src: PathBuf,
-    /// Output directory [default: <src>-affine-q<bits>-g<group-size>].
+    /// Output directory [default: SRC-affine-qBITS-gGROUP_SIZE].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Bits per weight: 4 or 8.
@@ -40,14 +40,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(t), false) => Smoke::Target(t.clone()),
         (None, false) => Smoke::Auto,
     };
-    let opts = QuantizeOptions { bits: args.bits, group_size: args.group_size, force: args.force, smoke, ..Default::default() };
+    let opts = QuantizeOptions {
+        bits: args.bits,
+        group_size: args.group_size,
+        force: args.force,
+        smoke,
+        ..Default::default()
+    };
     let mut print = |p: &Progress| match p {
         Progress::Start { kind, tensors, src_bytes } => {
-            eprintln!("{kind:?} drafter, {tensors} tensors, {} — quantizing to {} bits, group {}", human_bytes(*src_bytes), opts.bits, opts.group_size)
+            eprintln!(
+                "{kind:?} drafter, {tensors} tensors, {} — quantizing to {} bits, group {}",
+                human_bytes(*src_bytes),
+                opts.bits,
+                opts.group_size
+            )
         }
         Progress::Tensor { index, total, name, shape, dtype, quantized, src_bytes, dst_bytes } => {
             let what = if *quantized { "quantized" } else { "kept     " };
-            eprintln!("[{index:>4}/{total}] {what} {name} {shape:?} {dtype}: {} -> {}", human_bytes(*src_bytes), human_bytes(*dst_bytes));
+            eprintln!(
+                "[{index:>4}/{total}] {what} {name} {shape:?} {dtype}: {} -> {}",
+                human_bytes(*src_bytes),
+                human_bytes(*dst_bytes)
+            );
         }
         Progress::Warning(w) => eprintln!("warning: {w}"),
         Progress::Smoke(SmokeOutcome::Passed { target, drafts, vocab }) => {

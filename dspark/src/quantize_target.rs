@@ -11,7 +11,7 @@ pub struct Args {
     /// The bf16 (or f32) Gemma-4 checkpoint directory.
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
-    /// Output directory [default: <model>-q<bits>-g<group-size>].
+    /// Output directory [default: MODEL-qBITS-gGROUP_SIZE].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Bits per weight (MLX affine: 2, 3, 4, 5, 6 or 8).
@@ -35,7 +35,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     eprintln!("quantizing {} to {} bits, group {} ...", args.model.display(), args.bits, args.group_size);
     let dir = gemma4::checkpoint::quantize_checkpoint(&args.model, &out, args.bits, args.group_size, args.force)?;
     let size = |d: &std::path::Path| -> u64 {
-        std::fs::read_dir(d).map(|it| it.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()).unwrap_or(0)
+        std::fs::read_dir(d)
+            .map(|it| it.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+            .unwrap_or(0)
     };
     println!("wrote {} ({} -> {})", dir.display(), human_bytes(size(&args.model)), human_bytes(size(&dir)));
     Ok(())

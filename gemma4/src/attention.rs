@@ -26,9 +26,9 @@ pub enum Attend<'a> {
 /// What a layer attended to.
 #[derive(Clone, Debug)]
 enum Fetched {
-    /// One K/V for all queries // [B, Hkv, S, D] each
+    /// One K/V for all queries // `[B, Hkv, S, D]` each
     Batched(Array, Array),
-    /// One K/V per query row // [B, Hkv, S_i, D] each
+    /// One K/V per query row // `[B, Hkv, S_i, D]` each
     Stepwise(Vec<(Array, Array)>),
 }
 
@@ -87,7 +87,7 @@ impl Attention {
         })
     }
 
-    /// x [B, L, H] -> ([B, L, H], the K/V this layer attended to).
+    /// x `[B, L, H]` -> (`[B, L, H]`, the K/V this layer attended to).
     pub fn forward(
         &self,
         x: &Array,
@@ -119,18 +119,26 @@ impl Attention {
                     (Attend::Batched(_), None) => Fetched::Batched(k, v),
                     (Attend::Stepwise, Some(c)) => Fetched::Stepwise(c.update_and_fetch_stepwise(&k, &v)?),
                     (Attend::Stepwise, None) => {
-                        return Err(crate::Error::Input { op: "attention", detail: "a stepwise forward needs a cache".into() })
+                        return Err(crate::Error::Input {
+                            op: "attention",
+                            detail: "a stepwise forward needs a cache".into(),
+                        })
                     }
                 };
                 (kv, offset)
             }
             (None, None) => {
-                return Err(crate::Error::Input { op: "attention", detail: "KV-shared layer received no donor K/V".into() })
+                return Err(crate::Error::Input {
+                    op: "attention",
+                    detail: "KV-shared layer received no donor K/V".into(),
+                })
             }
         };
         let q = self.rope.apply(&q, offset)?;
         let o = match (&kv, attend) {
-            (Fetched::Batched(k, v), Attend::Batched(mask)) => fast::scaled_dot_product_attention(&q, k, v, 1.0, mask.as_fast())?,
+            (Fetched::Batched(k, v), Attend::Batched(mask)) => {
+                fast::scaled_dot_product_attention(&q, k, v, 1.0, mask.as_fast())?
+            }
             (Fetched::Stepwise(rows), Attend::Stepwise) => {
                 // One unmasked single-query call per row, as a decode step makes it.
                 let outs = rows
@@ -143,7 +151,12 @@ impl Attention {
                     .collect::<mlx_core::Result<Vec<_>>>()?;
                 concatenate(&outs, 2)?
             }
-            _ => return Err(crate::Error::Input { op: "attention", detail: "donor and sharer attend in different modes".into() }),
+            _ => {
+                return Err(crate::Error::Input {
+                    op: "attention",
+                    detail: "donor and sharer attend in different modes".into(),
+                })
+            }
         };
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?; // [B, L, Hq·D]
         Ok((self.o_proj.forward(&o)?, SharedKv { kv, offset }))

@@ -51,7 +51,9 @@ pub fn param_specs(cfg: &TextConfig) -> Vec<ParamSpec> {
     add("norm.weight".into(), &[h], Init::Norm);
     for (i, l) in cfg.layers.iter().enumerate() {
         let p = |n: &str| format!("layers.{i}.{n}");
-        for n in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+        for n in
+            ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        {
             add(p(&format!("{n}.weight")), &[h], Init::Norm);
         }
         let (hq, hkv, d) = (l.n_heads, l.n_kv_heads, l.head_dim);
@@ -229,7 +231,14 @@ pub struct ShardWriter {
 impl ShardWriter {
     /// Shards of at most `max_bytes` (a single tensor larger than that gets a shard of its own).
     pub fn new(dir: &Path, max_bytes: usize) -> ShardWriter {
-        ShardWriter { dir: dir.to_path_buf(), max_bytes: max_bytes.max(1), pending: Vec::new(), pending_bytes: 0, parts: Vec::new(), total_bytes: 0 }
+        ShardWriter {
+            dir: dir.to_path_buf(),
+            max_bytes: max_bytes.max(1),
+            pending: Vec::new(),
+            pending_bytes: 0,
+            parts: Vec::new(),
+            total_bytes: 0,
+        }
     }
 
     /// Adds tensors that belong together (one source tensor's outputs), ending the current
@@ -266,7 +275,11 @@ impl ShardWriter {
         let n = self.parts.len();
         let mut weight_map = serde_json::Map::new();
         for (i, (part, names)) in self.parts.iter().enumerate() {
-            let file = if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
+            let file = if n == 1 {
+                "model.safetensors".to_string()
+            } else {
+                format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+            };
             let dest = self.dir.join(&file);
             std::fs::rename(part, &dest).map_err(|source| Error::Io { path: dest.clone(), source })?;
             for name in names {
@@ -305,7 +318,14 @@ pub fn write_word_level_tokenizer(dir: &Path, vocab_size: usize) -> Result<()> {
 
 /// Writes a random-weight checkpoint for `cfg` in the flat `gemma4_text` layout (`model.*`),
 /// with a word-level tokenizer.
-pub fn write_random_checkpoint(dest: &Path, cfg: &TextConfig, seed: u64, dtype: Dtype, shards: usize, force: bool) -> Result<PathBuf> {
+pub fn write_random_checkpoint(
+    dest: &Path,
+    cfg: &TextConfig,
+    seed: u64,
+    dtype: Dtype,
+    shards: usize,
+    force: bool,
+) -> Result<PathBuf> {
     let staged = StagedDir::new(dest, force)?;
     let weights = random_weights(cfg, seed, dtype)?;
     let named: BTreeMap<String, Array> = weights.into_iter().map(|(k, v)| (full_name(&k, "model."), v)).collect();

@@ -25,50 +25,30 @@ mod tests;
 #[non_exhaustive]
 pub enum ConfigError {
     #[error("{}: cannot read: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     /// Malformed JSON; serde_json's message carries the line and column.
     #[error("invalid JSON: {source}")]
     Json { source: serde_json::Error },
     /// A field holds a JSON value of the wrong type.
     #[error("{field}: {source}")]
-    Type {
-        field: String,
-        source: serde_json::Error,
-    },
+    Type { field: String, source: serde_json::Error },
     #[error("{field}: expected {expected}, got {got}")]
-    Invalid {
-        field: String,
-        expected: String,
-        got: String,
-    },
+    Invalid { field: String, expected: String, got: String },
     #[error("{field}: quantization mode \"{mode}\" is not supported (only \"affine\" is)")]
     UnsupportedQuantMode { field: String, mode: String },
     #[error("{}: {source}", path.display())]
-    InFile {
-        path: PathBuf,
-        source: Box<ConfigError>,
-    },
+    InFile { path: PathBuf, source: Box<ConfigError> },
 }
 
 impl ConfigError {
     fn in_file(self, path: &Path) -> Self {
-        ConfigError::InFile {
-            path: path.to_path_buf(),
-            source: Box::new(self),
-        }
+        ConfigError::InFile { path: path.to_path_buf(), source: Box::new(self) }
     }
 }
 
 fn invalid(field: impl Into<String>, want: impl Into<String>, got: impl Display) -> ConfigError {
     let (field, expected, got) = (field.into(), want.into(), got.to_string());
-    ConfigError::Invalid {
-        field,
-        expected,
-        got,
-    }
+    ConfigError::Invalid { field, expected, got }
 }
 
 /// Attention type of one layer; selects head dim, RoPE, mask and cache type (§2.2).
@@ -90,9 +70,7 @@ impl LayerKind {
     }
 
     fn parse(s: &str) -> Option<Self> {
-        [LayerKind::Sliding, LayerKind::Full]
-            .into_iter()
-            .find(|k| k.as_str() == s)
+        [LayerKind::Sliding, LayerKind::Full].into_iter().find(|k| k.as_str() == s)
     }
 }
 
@@ -197,8 +175,7 @@ impl QuantizationConfig {
 
     /// The block as mlx-lm writes it (`false` for unquantized overrides).
     pub fn to_json_value(&self) -> Value {
-        let spec =
-            |s: &QuantSpec| json!({"group_size": s.group_size, "bits": s.bits, "mode": "affine"});
+        let spec = |s: &QuantSpec| json!({"group_size": s.group_size, "bits": s.bits, "mode": "affine"});
         let mut map = match self.default.as_ref().map(spec) {
             Some(Value::Object(m)) => m,
             _ => Map::new(),
@@ -213,9 +190,7 @@ impl QuantizationConfig {
 const QUANT_KEYS: [&str; 3] = ["group_size", "bits", "mode"];
 
 fn unsupported(field: String, mode: &Value) -> ConfigError {
-    let mode = mode
-        .as_str()
-        .map_or_else(|| mode.to_string(), str::to_owned);
+    let mode = mode.as_str().map_or_else(|| mode.to_string(), str::to_owned);
     ConfigError::UnsupportedQuantMode { field, mode }
 }
 
@@ -230,24 +205,13 @@ fn parse_quant(block: &Value, field: &str) -> Result<QuantizationConfig, ConfigE
     let has_default = QUANT_KEYS.iter().any(|k| map.contains_key(*k));
     let default = has_default.then(|| quant_spec(map, field)).transpose()?;
     let mut overrides = BTreeMap::new();
-    for (key, value) in map
-        .iter()
-        .filter(|(k, _)| !QUANT_KEYS.contains(&k.as_str()))
-    {
+    for (key, value) in map.iter().filter(|(k, _)| !QUANT_KEYS.contains(&k.as_str())) {
         let f = format!("{field}.{key}");
         let spec = match value {
             Value::Bool(false) => None,
-            Value::Bool(true) => {
-                Some(default.ok_or_else(|| invalid(&f, "false or an object (no default)", true))?)
-            }
+            Value::Bool(true) => Some(default.ok_or_else(|| invalid(&f, "false or an object (no default)", true))?),
             Value::Object(o) => Some(quant_spec(o, &f)?),
-            other => {
-                return Err(invalid(
-                    f,
-                    "an object {group_size, bits[, mode]} or a bool",
-                    other,
-                ))
-            }
+            other => return Err(invalid(f, "an object {group_size, bits[, mode]} or a bool", other)),
         };
         overrides.insert(key.clone(), spec);
     }
@@ -265,19 +229,11 @@ fn quant_spec(map: &Map<String, Value>, field: &str) -> Result<QuantSpec, Config
         let v = map.get(key);
         match v.and_then(Value::as_u64) {
             Some(x) if allowed.iter().any(|&a| u64::from(a) == x) => Ok(x as u32),
-            _ => Err(invalid(
-                format!("{field}.{key}"),
-                format!("one of {allowed:?}"),
-                v.unwrap_or(&Value::Null),
-            )),
+            _ => Err(invalid(format!("{field}.{key}"), format!("one of {allowed:?}"), v.unwrap_or(&Value::Null))),
         }
     };
     let group_size = pick("group_size", &[32, 64, 128])?;
-    Ok(QuantSpec {
-        group_size,
-        bits: pick("bits", &[2, 3, 4, 5, 6, 8])?,
-        mode,
-    })
+    Ok(QuantSpec { group_size, bits: pick("bits", &[2, 3, 4, 5, 6, 8])?, mode })
 }
 
 /// One `rope_parameters` entry as written. Floats are f64 so `int(dims * factor)` matches
@@ -343,9 +299,7 @@ pub struct RawTextConfig {
     pub quantization_config: Option<Value>,
 }
 
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
-    d: D,
-) -> Result<Option<Option<T>>, D::Error> {
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
@@ -372,9 +326,7 @@ impl RawTextConfig {
             Err(e) if e.is_syntax() || e.is_eof() => return Err(ConfigError::Json { source: e }),
             Err(e) => e,
         };
-        let field = serde_json::from_str::<Value>(s)
-            .ok()
-            .and_then(|v| locate_bad_field(&v));
+        let field = serde_json::from_str::<Value>(s).ok().and_then(|v| locate_bad_field(&v));
         let field = field.unwrap_or_else(|| "config".into());
         Err(ConfigError::Type { field, source })
     }
@@ -385,9 +337,7 @@ fn locate_bad_field(v: &Value) -> Option<String> {
     map.iter().find_map(|(key, value)| {
         let single = Value::Object(Map::from_iter([(key.clone(), value.clone())]));
         RawTextConfig::deserialize(&single).err()?;
-        let inner = (key == "text_config")
-            .then(|| locate_bad_field(value))
-            .flatten();
+        let inner = (key == "text_config").then(|| locate_bad_field(value)).flatten();
         Some(inner.map_or_else(|| key.clone(), |f| format!("text_config.{f}")))
     })
 }
@@ -474,7 +424,7 @@ fn default_rope_parameters() -> BTreeMap<String, RawRope> {
 }
 
 /// The spec plus the f64 partial factor, for the Python-exact `int(dims * factor)`.
-fn rope_spec(c: &Check, key: &str, raw: &RawRope) -> Result<(RopeSpec, f64), ConfigError> {
+fn rope_spec(c: &Check<'_>, key: &str, raw: &RawRope) -> Result<(RopeSpec, f64), ConfigError> {
     let ty = raw.type_.as_deref().filter(|s| !s.is_empty());
     let rope_type = match ty.or(raw.rope_type.as_deref()).unwrap_or("default") {
         "default" => RopeType::Default,
@@ -488,11 +438,7 @@ fn rope_spec(c: &Check, key: &str, raw: &RawRope) -> Result<(RopeSpec, f64), Con
     let spec = RopeSpec {
         rope_type,
         theta: c.pos_f32(&format!("{key}.rope_theta"), raw.rope_theta, 1e4)?,
-        partial_rotary_factor: c.pos_f32(
-            &format!("{key}.partial_rotary_factor"),
-            Some(partial),
-            1.0,
-        )?,
+        partial_rotary_factor: c.pos_f32(&format!("{key}.partial_rotary_factor"), Some(partial), 1.0)?,
         factor: c.pos_f32(&format!("{key}.factor"), raw.factor, 1.0)?,
     };
     Ok((spec, partial))
@@ -539,9 +485,7 @@ impl TryFrom<RawTextConfig> for TextConfig {
             let expected = format!("a value < num_hidden_layers ({n})");
             return Err(c.bad("num_kv_shared_layers", expected, shared));
         }
-        let ple = t
-            .hidden_size_per_layer_input
-            .map_or(256, Option::unwrap_or_default);
+        let ple = t.hidden_size_per_layer_input.map_or(256, Option::unwrap_or_default);
         let vocab_size_per_layer_input = t.vocab_size_per_layer_input.unwrap_or(VOCAB);
         if ple > 0 && vocab_size_per_layer_input == 0 {
             let expected = "a value > 0 when hidden_size_per_layer_input > 0";
@@ -667,9 +611,7 @@ impl TryFrom<RawTextConfig> for TextConfig {
             (top.quantization_config.as_ref(), "quantization_config"),
             (text_quant, "text_config.quantization_config"),
         ];
-        let quantization = quantization
-            .into_iter()
-            .find_map(|(q, f)| Some(parse_quant(q?, f)));
+        let quantization = quantization.into_iter().find_map(|(q, f)| Some(parse_quant(q?, f)));
 
         // The stop set comes from the top level (§2.5); text_config's is a fallback.
         let eos = top.eos_token_id.as_ref().or(t.eos_token_id.as_ref());
@@ -714,10 +656,7 @@ fn f32_json(x: f32) -> Value {
 }
 
 fn read(path: &Path) -> Result<String, ConfigError> {
-    let io = |source| ConfigError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
+    let io = |source| ConfigError::Io { path: path.to_path_buf(), source };
     std::fs::read_to_string(path).map_err(io)
 }
 

@@ -40,15 +40,7 @@ fn nested(flat: &Value) -> Value {
 }
 
 fn kinds_for(n: usize, pattern: usize) -> Vec<&'static str> {
-    (0..n)
-        .map(|i| {
-            if i % pattern == pattern - 1 {
-                "full_attention"
-            } else {
-                "sliding_attention"
-            }
-        })
-        .collect()
+    (0..n).map(|i| if i % pattern == pattern - 1 { "full_attention" } else { "sliding_attention" }).collect()
 }
 
 /// §2.3 E2B values, written out explicitly.
@@ -122,31 +114,17 @@ fn tiny_config_a_derives_donors_widths_and_partial_rope() {
     assert_eq!((a.layer(0).head_dim, a.layer(0).rotary_dims), (32, 32));
     assert_eq!(
         a.layer(2).rope,
-        RopeSpec {
-            rope_type: RopeType::Proportional,
-            theta: 1e6,
-            partial_rotary_factor: 0.25,
-            factor: 1.0
-        }
+        RopeSpec { rope_type: RopeType::Proportional, theta: 1e6, partial_rotary_factor: 0.25, factor: 1.0 }
     );
     assert_eq!(a.layer(0).rope.rope_type, RopeType::Default);
-    assert!(a
-        .layers
-        .iter()
-        .all(|l| l.has_v_proj && l.n_kv_heads == 2 && l.n_heads == 4));
-    assert_eq!(
-        (a.eos_token_ids.as_slice(), a.bos_token_id, a.pad_token_id),
-        (&[1][..], 2, 0)
-    );
+    assert!(a.layers.iter().all(|l| l.has_v_proj && l.n_kv_heads == 2 && l.n_heads == 4));
+    assert_eq!((a.eos_token_ids.as_slice(), a.bos_token_id, a.pad_token_id), (&[1][..], 2, 0));
 }
 
 #[test]
 fn tiny_config_b_has_moe_and_no_v_proj_on_full_layers() {
     let b = tiny_config_b();
-    assert_eq!(
-        (b.num_experts, b.top_k_experts, b.moe_intermediate_size),
-        (Some(4), Some(2), Some(64))
-    );
+    assert_eq!((b.num_experts, b.top_k_experts, b.moe_intermediate_size), (Some(4), Some(2), Some(64)));
     assert!(b.enable_moe_block && !b.has_ple());
     assert_eq!(b.num_caches(), 4);
     for l in &b.layers {
@@ -163,18 +141,8 @@ fn flat_and_nested_layouts_give_the_same_layers() {
     assert_eq!(nest.layout, Layout::Nested);
     assert_eq!(nest.layers, flat.layers);
     assert_eq!(nest.eos_token_ids, [1, 106]);
-    assert_eq!(
-        TextConfig {
-            layout: Layout::Flat,
-            eos_token_ids: vec![1],
-            ..nest
-        },
-        flat
-    );
-    let unified = with(
-        &nested(&tiny_config_a_json()),
-        json!({"model_type": "gemma4_unified"}),
-    );
+    assert_eq!(TextConfig { layout: Layout::Flat, eos_token_ids: vec![1], ..nest }, flat);
+    let unified = with(&nested(&tiny_config_a_json()), json!({"model_type": "gemma4_unified"}));
     assert_eq!(parse(&unified).unwrap().layers, flat.layers);
 }
 
@@ -213,11 +181,7 @@ fn e2b_shares_kv_from_13_and_14_with_double_wide_mlp() {
         };
         assert_eq!(l.kv, expect_kv, "layer {i}");
         assert_eq!(l.mlp_width, if i >= 15 { 12288 } else { 6144 }, "layer {i}");
-        let (dim, rot) = if l.kind == Full {
-            (512, 128)
-        } else {
-            (256, 256)
-        };
+        let (dim, rot) = if l.kind == Full { (512, 128) } else { (256, 256) };
         assert_eq!((l.head_dim, l.rotary_dims), (dim, rot), "layer {i}");
     }
 }
@@ -263,10 +227,7 @@ fn layer_types_default_to_repeated_pattern_without_forcing_last_full() {
                "_sliding_window_pattern": 3}),
     );
     let kinds: Vec<_> = parse(&v).unwrap().layers.iter().map(|l| l.kind).collect();
-    assert_eq!(
-        kinds,
-        [Sliding, Sliding, Full, Sliding, Sliding, Full, Sliding]
-    );
+    assert_eq!(kinds, [Sliding, Sliding, Full, Sliding, Sliding, Full, Sliding]);
 }
 
 #[test]
@@ -282,11 +243,7 @@ fn null_ple_and_null_softcap_disable_them() {
 
 #[test]
 fn untied_embeddings_are_recorded() {
-    let cfg = parse(&with(
-        &tiny_config_a_json(),
-        json!({"tie_word_embeddings": false}),
-    ))
-    .unwrap();
+    let cfg = parse(&with(&tiny_config_a_json(), json!({"tie_word_embeddings": false}))).unwrap();
     assert!(!cfg.tie_word_embeddings);
 }
 
@@ -294,10 +251,7 @@ fn untied_embeddings_are_recorded() {
 fn layer_types_error_names_index_and_expected_values() {
     let mut v = tiny_config_a_json();
     v["layer_types"][3] = json!("foo");
-    assert_eq!(
-        err_text(&v),
-        r#"layer_types[3]: expected "sliding_attention" or "full_attention", got "foo""#
-    );
+    assert_eq!(err_text(&v), r#"layer_types[3]: expected "sliding_attention" or "full_attention", got "foo""#);
     let nest = nested(&v);
     assert!(err_text(&nest).starts_with("text_config.layer_types[3]: "));
 }
@@ -307,96 +261,45 @@ fn each_validation_error_names_its_field() {
     let a = tiny_config_a_json();
     let b = tiny_config_b_json();
     let rope = |sliding: Value, full: Value| {
-        with(
-            &a,
-            json!({"rope_parameters": {"sliding_attention": sliding, "full_attention": full}}),
-        )
+        with(&a, json!({"rope_parameters": {"sliding_attention": sliding, "full_attention": full}}))
     };
     let partial = |x: f64| json!({"rope_type": "proportional", "partial_rotary_factor": x});
     let (s, f) = ("sliding_attention", "full_attention");
     let cases: Vec<(Value, &str)> = vec![
-        (
-            with(&a, json!({"num_hidden_layers": 0})),
-            "num_hidden_layers",
-        ),
+        (with(&a, json!({"num_hidden_layers": 0})), "num_hidden_layers"),
         (with(&a, json!({"num_hidden_layers": 5})), "layer_types"),
         (with(&a, json!({"hidden_size": 0})), "hidden_size"),
-        (
-            with(&a, json!({"intermediate_size": 0})),
-            "intermediate_size",
-        ),
-        (
-            with(&a, json!({"num_attention_heads": 0})),
-            "num_attention_heads",
-        ),
-        (
-            with(&a, json!({"num_key_value_heads": 0})),
-            "num_key_value_heads",
-        ),
+        (with(&a, json!({"intermediate_size": 0})), "intermediate_size"),
+        (with(&a, json!({"num_attention_heads": 0})), "num_attention_heads"),
+        (with(&a, json!({"num_key_value_heads": 0})), "num_key_value_heads"),
         (with(&a, json!({"head_dim": 0})), "head_dim"),
         (with(&a, json!({"global_head_dim": 0})), "global_head_dim"),
-        (
-            with(&a, json!({"num_key_value_heads": 3})),
-            "num_key_value_heads",
-        ),
-        (
-            with(&b, json!({"num_global_key_value_heads": 3})),
-            "num_global_key_value_heads",
-        ),
-        (
-            with(&a, json!({"num_kv_shared_layers": 6})),
-            "num_kv_shared_layers",
-        ),
+        (with(&a, json!({"num_key_value_heads": 3})), "num_key_value_heads"),
+        (with(&b, json!({"num_global_key_value_heads": 3})), "num_global_key_value_heads"),
+        (with(&a, json!({"num_kv_shared_layers": 6})), "num_kv_shared_layers"),
         (with(&b, json!({"num_experts": null})), "num_experts"),
         (with(&b, json!({"top_k_experts": null})), "top_k_experts"),
-        (
-            with(&b, json!({"moe_intermediate_size": null})),
-            "moe_intermediate_size",
-        ),
+        (with(&b, json!({"moe_intermediate_size": null})), "moe_intermediate_size"),
         (with(&b, json!({"top_k_experts": 5})), "top_k_experts"),
-        (
-            with(&a, json!({"vocab_size_per_layer_input": 0})),
-            "vocab_size_per_layer_input",
-        ),
+        (with(&a, json!({"vocab_size_per_layer_input": 0})), "vocab_size_per_layer_input"),
         (
             with(&a, json!({"vocab_size_per_layer_input": 256})),
             "vocab_size_per_layer_input: expected a value >= vocab_size (512)",
         ),
-        (
-            with(&a, json!({"final_logit_softcapping": 0.0})),
-            "final_logit_softcapping",
-        ),
-        (
-            with(&a, json!({"final_logit_softcapping": -1.0})),
-            "final_logit_softcapping",
-        ),
+        (with(&a, json!({"final_logit_softcapping": 0.0})), "final_logit_softcapping"),
+        (with(&a, json!({"final_logit_softcapping": -1.0})), "final_logit_softcapping"),
         (with(&a, json!({"sliding_window": 0})), "sliding_window"),
         (with(&a, json!({"rms_norm_eps": 0.0})), "rms_norm_eps"),
         (with(&a, json!({"vocab_size": 0})), "vocab_size"),
-        (
-            with(&a, json!({"rope_parameters": {"sliding_attention": {}}})),
-            "rope_parameters.full_attention",
-        ),
+        (with(&a, json!({"rope_parameters": {"sliding_attention": {}}})), "rope_parameters.full_attention"),
         (
             rope(json!({"rope_type": "yarn"}), json!({})),
             r#"sliding_attention.rope_type: expected "default" or "proportional", got "yarn""#,
         ),
-        (
-            rope(json!({}), partial(0.3)),
-            "rope_parameters.full_attention.partial_rotary_factor",
-        ),
-        (
-            rope(json!({}), partial(1.5)),
-            "rope_parameters.full_attention.partial_rotary_factor",
-        ),
+        (rope(json!({}), partial(0.3)), "rope_parameters.full_attention.partial_rotary_factor"),
+        (rope(json!({}), partial(1.5)), "rope_parameters.full_attention.partial_rotary_factor"),
         // Layer 1 is sliding but the only donor (layer 0) is full.
-        (
-            with(
-                &a,
-                json!({"layer_types": [f, s, s, s, s, s], "num_kv_shared_layers": 5}),
-            ),
-            "num_kv_shared_layers",
-        ),
+        (with(&a, json!({"layer_types": [f, s, s, s, s, s], "num_kv_shared_layers": 5})), "num_kv_shared_layers"),
         (
             with(&a, json!({"model_type": "llama"})),
             r#"model_type: expected "gemma4_text", "gemma4" or "gemma4_unified", got "llama""#,
@@ -405,34 +308,20 @@ fn each_validation_error_names_its_field() {
     ];
     for (v, field) in cases {
         let msg = err_text(&v);
-        assert!(
-            msg.contains(field),
-            "error {msg:?} should mention {field:?}"
-        );
+        assert!(msg.contains(field), "error {msg:?} should mention {field:?}");
     }
 }
 
 #[test]
 fn type_errors_name_the_field_and_syntax_errors_give_line_and_column() {
     let v = with(&tiny_config_a_json(), json!({"hidden_size": "big"}));
-    assert!(
-        err_text(&v).starts_with("hidden_size: invalid type"),
-        "{}",
-        err_text(&v)
-    );
+    assert!(err_text(&v).starts_with("hidden_size: invalid type"), "{}", err_text(&v));
     let mut n = nested(&tiny_config_a_json());
     n["text_config"]["sliding_window"] = json!(-4);
-    assert!(
-        err_text(&n).starts_with("text_config.sliding_window: "),
-        "{}",
-        err_text(&n)
-    );
+    assert!(err_text(&n).starts_with("text_config.sliding_window: "), "{}", err_text(&n));
     let bad_eos = with(&tiny_config_a_json(), json!({"eos_token_id": "x"}));
     assert!(err_text(&bad_eos).starts_with("eos_token_id: "));
-    let e = TextConfig::from_json_str(
-        "{\n  \"model_type\": \"gemma4_text\",\n  \"hidden_size\": 12,,\n}",
-    )
-    .unwrap_err();
+    let e = TextConfig::from_json_str("{\n  \"model_type\": \"gemma4_text\",\n  \"hidden_size\": 12,,\n}").unwrap_err();
     assert!(matches!(e, ConfigError::Json { .. }));
     assert!(e.to_string().contains("line 3 column"), "{e}");
 }
@@ -447,38 +336,20 @@ fn quantization_block_gives_default_overrides_and_unquantized_entries() {
     });
     let cfg = parse(&with(&tiny_config_a_json(), json!({"quantization": q}))).unwrap();
     let quant = cfg.quantization.as_ref().unwrap();
-    let four = QuantSpec {
-        group_size: 64,
-        bits: 4,
-        mode: QuantMode::Affine,
-    };
+    let four = QuantSpec { group_size: 64, bits: 4, mode: QuantMode::Affine };
     assert_eq!(quant.default, Some(four));
-    assert_eq!(
-        quant.spec_for("model.layers.0.router.proj"),
-        Some(QuantSpec { bits: 8, ..four })
-    );
+    assert_eq!(quant.spec_for("model.layers.0.router.proj"), Some(QuantSpec { bits: 8, ..four }));
     assert_eq!(quant.spec_for("model.embed_tokens_per_layer"), None);
     assert_eq!(quant.spec_for("model.layers.1.mlp.up_proj"), Some(four));
-    assert_eq!(
-        quant.spec_for("model.layers.3.self_attn.q_proj"),
-        Some(four)
-    );
+    assert_eq!(quant.spec_for("model.layers.3.self_attn.q_proj"), Some(four));
     assert_eq!(quant.overrides.len(), 3);
 }
 
 #[test]
 fn quantization_falls_back_to_quantization_config_blocks() {
     let q = json!({"group_size": 32, "bits": 8});
-    let spec = Some(QuantSpec {
-        group_size: 32,
-        bits: 8,
-        mode: QuantMode::Affine,
-    });
-    let flat = parse(&with(
-        &tiny_config_a_json(),
-        json!({"quantization_config": q}),
-    ))
-    .unwrap();
+    let spec = Some(QuantSpec { group_size: 32, bits: 8, mode: QuantMode::Affine });
+    let flat = parse(&with(&tiny_config_a_json(), json!({"quantization_config": q}))).unwrap();
     assert_eq!(flat.quantization.unwrap().default, spec);
     let mut n = nested(&tiny_config_a_json());
     n["text_config"]["quantization_config"] = q;
@@ -503,19 +374,10 @@ fn unsupported_quant_modes_and_bad_bits_are_refused_by_key() {
             json!({"quantization": {"group_size": 64, "bits": 7}}),
             "quantization.bits: expected one of [2, 3, 4, 5, 6, 8], got 7",
         ),
-        (
-            json!({"quantization": {"group_size": 16, "bits": 4}}),
-            "quantization.group_size",
-        ),
-        (
-            json!({"quantization": {"group_size": 64, "bits": 4, "m.y": {"group_size": 64}}}),
-            "quantization.m.y.bits",
-        ),
+        (json!({"quantization": {"group_size": 16, "bits": 4}}), "quantization.group_size"),
+        (json!({"quantization": {"group_size": 64, "bits": 4, "m.y": {"group_size": 64}}}), "quantization.m.y.bits"),
         (json!({"quantization": {"m.z": true}}), "quantization.m.z"),
-        (
-            json!({"quantization": {"group_size": 64, "bits": 4, "m.w": 3}}),
-            "quantization.m.w",
-        ),
+        (json!({"quantization": {"group_size": 64, "bits": 4, "m.w": 3}}), "quantization.m.w"),
         (
             json!({"quantization_config": {"quant_method": "mxfp8"}}),
             "quantization_config.quant_method: quantization mode \"mxfp8\"",
@@ -532,13 +394,8 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "gemma4-config-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("gemma4-config-{tag}-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
     }
@@ -553,39 +410,14 @@ impl Drop for TempDir {
 #[test]
 fn generation_config_eos_overrides_stop_ids() {
     let dir = TempDir::new("eos");
-    std::fs::write(
-        dir.0.join("config.json"),
-        nested(&tiny_config_a_json()).to_string(),
-    )
-    .unwrap();
-    assert_eq!(
-        TextConfig::from_dir(&dir.0).unwrap().eos_token_ids,
-        [1, 106]
-    );
-    std::fs::write(
-        dir.0.join("generation_config.json"),
-        r#"{"eos_token_id": [1, 106, 50], "top_k": 64}"#,
-    )
-    .unwrap();
-    assert_eq!(
-        TextConfig::from_dir(&dir.0).unwrap().eos_token_ids,
-        [1, 106, 50]
-    );
+    std::fs::write(dir.0.join("config.json"), nested(&tiny_config_a_json()).to_string()).unwrap();
+    assert_eq!(TextConfig::from_dir(&dir.0).unwrap().eos_token_ids, [1, 106]);
+    std::fs::write(dir.0.join("generation_config.json"), r#"{"eos_token_id": [1, 106, 50], "top_k": 64}"#).unwrap();
+    assert_eq!(TextConfig::from_dir(&dir.0).unwrap().eos_token_ids, [1, 106, 50]);
     // Falsy values do not override, as in mlx-lm's load_config.
-    std::fs::write(
-        dir.0.join("generation_config.json"),
-        r#"{"eos_token_id": 0}"#,
-    )
-    .unwrap();
-    assert_eq!(
-        TextConfig::from_dir(&dir.0).unwrap().eos_token_ids,
-        [1, 106]
-    );
-    std::fs::write(
-        dir.0.join("generation_config.json"),
-        r#"{"eos_token_id": 106}"#,
-    )
-    .unwrap();
+    std::fs::write(dir.0.join("generation_config.json"), r#"{"eos_token_id": 0}"#).unwrap();
+    assert_eq!(TextConfig::from_dir(&dir.0).unwrap().eos_token_ids, [1, 106]);
+    std::fs::write(dir.0.join("generation_config.json"), r#"{"eos_token_id": 106}"#).unwrap();
     assert_eq!(TextConfig::from_dir(&dir.0).unwrap().eos_token_ids, [106]);
 }
 
@@ -599,16 +431,10 @@ fn from_dir_errors_name_the_file() {
     std::fs::write(dir.0.join("config.json"), v.to_string()).unwrap();
     let msg = TextConfig::from_dir(&dir.0).unwrap_err().to_string();
     let path = dir.0.join("config.json");
-    assert!(
-        msg.starts_with(&format!("{}: layer_types[3]: ", path.display())),
-        "{msg}"
-    );
+    assert!(msg.starts_with(&format!("{}: layer_types[3]: ", path.display())), "{msg}");
     std::fs::write(dir.0.join("config.json"), "{").unwrap();
     let msg = TextConfig::from_dir(&dir.0).unwrap_err().to_string();
-    assert!(
-        msg.contains("config.json") && msg.contains("line 1"),
-        "{msg}"
-    );
+    assert!(msg.contains("config.json") && msg.contains("line 1"), "{msg}");
 }
 
 #[test]
@@ -616,32 +442,17 @@ fn to_json_value_round_trips() {
     let q = json!({"group_size": 64, "bits": 4, "model.x": false,
                    "model.layers.0.router.proj": {"group_size": 64, "bits": 8}});
     let quantized = parse(&with(&tiny_config_b_json(), json!({"quantization": q}))).unwrap();
-    let untied = parse(&with(
-        &tiny_config_a_json(),
-        json!({"tie_word_embeddings": false, "final_logit_softcapping": null}),
-    ))
-    .unwrap();
+    let untied =
+        parse(&with(&tiny_config_a_json(), json!({"tie_word_embeddings": false, "final_logit_softcapping": null})))
+            .unwrap();
     let e2b = parse(&json!({"model_type": "gemma4_text"})).unwrap();
-    for cfg in [
-        tiny_config_a(),
-        tiny_config_b(),
-        quantized,
-        untied,
-        e2b,
-        parse(&e4b_json()).unwrap(),
-    ] {
+    for cfg in [tiny_config_a(), tiny_config_b(), quantized, untied, e2b, parse(&e4b_json()).unwrap()] {
         let v = cfg.to_json_value();
         assert_eq!(v["rms_norm_eps"], json!(1e-6));
         assert_eq!(parse(&v).unwrap(), cfg);
     }
     let nested_12b = parse(&b12_json()).unwrap();
-    assert_eq!(
-        parse(&nested_12b.to_json_value()).unwrap(),
-        TextConfig {
-            layout: Layout::Flat,
-            ..nested_12b
-        }
-    );
+    assert_eq!(parse(&nested_12b.to_json_value()).unwrap(), TextConfig { layout: Layout::Flat, ..nested_12b });
 }
 
 #[test]

@@ -25,7 +25,13 @@ pub struct GenerateConfig {
 
 impl Default for GenerateConfig {
     fn default() -> Self {
-        GenerateConfig { max_tokens: 256, sampler: SamplerConfig::default(), seed: 0, prefill_step: 2048, stop_tokens: Vec::new() }
+        GenerateConfig {
+            max_tokens: 256,
+            sampler: SamplerConfig::default(),
+            seed: 0,
+            prefill_step: 2048,
+            stop_tokens: Vec::new(),
+        }
     }
 }
 
@@ -78,20 +84,23 @@ pub struct Generation {
     pub stats: GenerateStats,
 }
 
-/// Token ids as a [1, L] uint32 array.
+/// Token ids as a `[1, L]` uint32 array.
 pub fn ids_array(ids: &[u32]) -> Result<Array> {
     Ok(Array::from_slice(ids, &[1, ids.len() as i32])?)
 }
 
 /// Runs the prompt through the model: chunks of `step` for all but the last token (evaluating
-/// the cache after each), then the last token alone. Returns its logits // [1, V]
+/// the cache after each), then the last token alone. Returns its logits // `[1, V]`
 pub fn prefill(model: &Model, cache: &mut Cache, prompt: &[u32], step: usize) -> Result<Array> {
     let Some((&last, head)) = prompt.split_last() else {
         return Err(Error::Input { op: "prefill", detail: "the prompt is empty".into() });
     };
     let vocab = model.config().vocab_size as u32;
     if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
-        return Err(Error::Input { op: "prefill", detail: format!("token id {bad} is outside the vocabulary of {vocab}") });
+        return Err(Error::Input {
+            op: "prefill",
+            detail: format!("token id {bad} is outside the vocabulary of {vocab}"),
+        });
     }
     let step = step.max(1);
     for chunk in head.chunks(step) {
@@ -101,7 +110,7 @@ pub fn prefill(model: &Model, cache: &mut Cache, prompt: &[u32], step: usize) ->
     step_logits(model, cache, &ids_array(&[last])?)
 }
 
-/// One token through the model // token [1, 1] -> logits [1, V]
+/// One token through the model // token `[1, 1]` -> logits `[1, V]`
 pub fn step_logits(model: &Model, cache: &mut Cache, token: &Array) -> Result<Array> {
     let hidden = model.forward(token, Some(cache))?;
     let l = hidden.dim(1).unwrap_or(1);
@@ -113,7 +122,7 @@ pub fn step_logits(model: &Model, cache: &mut Cache, token: &Array) -> Result<Ar
 #[derive(Clone, Debug)]
 pub struct Step {
     pub token: u32,
-    /// The (unfiltered) logprobs of this step // [1, V]
+    /// The (unfiltered) logprobs of this step // `[1, V]`
     pub logprobs: Array,
 }
 
@@ -166,7 +175,12 @@ impl<'m> Decoder<'m> {
 }
 
 /// Generates from `prompt`, calling `on_token` with each token as soon as it is known.
-pub fn generate(model: &Model, prompt: &[u32], cfg: &GenerateConfig, mut on_token: impl FnMut(u32)) -> Result<Generation> {
+pub fn generate(
+    model: &Model,
+    prompt: &[u32],
+    cfg: &GenerateConfig,
+    mut on_token: impl FnMut(u32),
+) -> Result<Generation> {
     let mut stats = GenerateStats { prompt_tokens: prompt.len(), ..Default::default() };
     let t0 = Instant::now();
     let mut dec = Decoder::new(model, prompt, cfg)?;

@@ -49,7 +49,10 @@ impl DecoderLayer {
         let norm = |wm: &mut WeightMap, n: &str, d: usize| wm.get_shaped(&format!("{prefix}.{n}.weight"), &[d as i32]);
         let moe = if cfg.enable_moe_block {
             let (Some(e), Some(k), Some(w)) = (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size) else {
-                return Err(Error::Unsupported { feature: "MoE", detail: "config lacks num_experts/top_k_experts/moe_intermediate_size".into() });
+                return Err(Error::Unsupported {
+                    feature: "MoE",
+                    detail: "config lacks num_experts/top_k_experts/moe_intermediate_size".into(),
+                });
             };
             Some(Moe {
                 router: Router::load(wm, &prefix, h, e, k, eps)?,
@@ -89,7 +92,7 @@ impl DecoderLayer {
         Ok(fast::rms_norm(x, Some(w), self.eps)?)
     }
 
-    /// x [B, L, H] -> ([B, L, H], K/V for sharers)
+    /// x `[B, L, H]` -> (`[B, L, H]`, K/V for sharers)
     pub fn forward(
         &self,
         x: &Array,

@@ -4,8 +4,8 @@
 #![forbid(unsafe_code)]
 
 mod attention;
-pub mod checkpoint;
 pub mod cache;
+pub mod checkpoint;
 pub mod config;
 mod error;
 pub mod generate;

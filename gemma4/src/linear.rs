@@ -14,12 +14,12 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Loads `module.weight` (and `.scales`/`.biases` when quantized) for a [out, in] layer.
+    /// Loads `module.weight` (and `.scales`/`.biases` when quantized) for a `[out, in]` layer.
     pub fn load(wm: &mut WeightMap, module: &str, out: usize, inp: usize) -> Result<Linear> {
         Ok(Linear { w: wm.linear(module, out, inp)? })
     }
 
-    /// `x @ Wᵀ` // [.., in] -> [.., out]
+    /// `x @ Wᵀ` // `[.., in]` -> `[.., out]`
     pub fn forward(&self, x: &Array) -> Result<Array> {
         self.w.matmul_t(x)
     }
@@ -32,17 +32,17 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    /// Loads a [rows, dims] table.
+    /// Loads a `[rows, dims]` table.
     pub fn load(wm: &mut WeightMap, module: &str, rows: usize, dims: usize) -> Result<Embedding> {
         Ok(Embedding { w: wm.linear(module, rows, dims)? })
     }
 
-    /// Rows at `ids` // [B, L] -> [B, L, dims]
+    /// Rows at `ids` // `[B, L]` -> `[B, L, dims]`
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         self.w.gather(ids)
     }
 
-    /// The tied head: `x @ Eᵀ` // [.., dims] -> [.., rows]
+    /// The tied head: `x @ Eᵀ` // `[.., dims]` -> `[.., rows]`
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         self.w.matmul_t(x)
     }

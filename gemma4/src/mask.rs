@@ -11,7 +11,7 @@ use crate::error::Result;
 pub enum AttnMask {
     None,
     Causal,
-    /// Bool [L, S]: true = attend.
+    /// Bool `[L, S]`: true = attend.
     Array(Array),
 }
 
@@ -27,7 +27,7 @@ impl AttnMask {
 }
 
 /// base.py `create_causal_mask(n, offset, window)`: query i (absolute offset + i) sees key j
-/// iff j ≤ offset + i and, with a window, offset + i < j + window. // [n, offset + n]
+/// iff j ≤ offset + i and, with a window, offset + i < j + window. // `[n, offset + n]`
 pub fn causal_window_mask(n: usize, offset: usize, window: Option<usize>) -> Result<Array> {
     let cols = offset + n;
     let mut m = Vec::with_capacity(n * cols);

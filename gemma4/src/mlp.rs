@@ -24,7 +24,7 @@ impl Mlp {
         })
     }
 
-    /// [B, L, H] -> [B, L, H]
+    /// `[B, L, H]` -> `[B, L, H]`
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let g = gelu_approx(&self.gate_proj.forward(x)?)?;
         let h = g.multiply(&self.up_proj.forward(x)?)?;

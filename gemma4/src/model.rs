@@ -26,9 +26,9 @@ struct Ple {
 /// What a tapped forward returns.
 #[derive(Clone, Debug)]
 pub struct ForwardOutput {
-    /// Post-final-norm hidden states // [B, L, H]
+    /// Post-final-norm hidden states // `[B, L, H]`
     pub hidden: Array,
-    /// The tapped states concatenated in `TapSet` order // [B, L, H · taps]; None if no taps.
+    /// The tapped states concatenated in `TapSet` order // `[B, L, H · taps]`; None if no taps.
     pub taps: Option<Array>,
 }
 
@@ -59,7 +59,12 @@ impl Model {
         let ple = if cfg.has_ple() {
             let width = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input;
             Some(Ple {
-                embed_tokens_per_layer: Embedding::load(wm, "embed_tokens_per_layer", cfg.vocab_size_per_layer_input, width)?,
+                embed_tokens_per_layer: Embedding::load(
+                    wm,
+                    "embed_tokens_per_layer",
+                    cfg.vocab_size_per_layer_input,
+                    width,
+                )?,
                 per_layer_model_projection: Linear::load(wm, "per_layer_model_projection", width, h)?,
                 per_layer_projection_norm: wm
                     .get_shaped("per_layer_projection_norm.weight", &[cfg.hidden_size_per_layer_input as i32])?,
@@ -74,7 +79,8 @@ impl Model {
             .map(|(i, spec)| DecoderLayer::load(wm, &cfg, i, spec))
             .collect::<Result<Vec<_>>>()?;
         let norm = wm.get_shaped("norm.weight", &[h as i32])?;
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(Linear::load(wm, "lm_head", cfg.vocab_size, h)?) };
+        let lm_head =
+            if cfg.tie_word_embeddings { None } else { Some(Linear::load(wm, "lm_head", cfg.vocab_size, h)?) };
         Ok(Model { cfg, embed_tokens, ple, layers, norm, lm_head })
     }
 
@@ -88,7 +94,7 @@ impl Model {
         Cache::new(&self.cfg)
     }
 
-    /// Raw token embeddings (no √H scale), as drafters consume them // [B, L] -> [B, L, H]
+    /// Raw token embeddings (no √H scale), as drafters consume them // `[B, L]` -> `[B, L, H]`
     pub fn embed_raw(&self, ids: &Array) -> Result<Array> {
         self.embed_tokens.forward(ids)
     }
@@ -98,12 +104,12 @@ impl Model {
         self.norm.dtype()
     }
 
-    /// Scaled token embeddings `embed(ids) · √H` (weak scalar) // [B, L] -> [B, L, H]
+    /// Scaled token embeddings `embed(ids) · √H` (weak scalar) // `[B, L]` -> `[B, L, H]`
     pub fn embed(&self, ids: &Array) -> Result<Array> {
         Ok(self.embed_tokens.forward(ids)?.mul_scalar((self.cfg.hidden_size as f64).sqrt())?)
     }
 
-    /// Post-norm hidden states of every position // ids [B, L] -> [B, L, H]
+    /// Post-norm hidden states of every position // ids `[B, L]` -> `[B, L, H]`
     pub fn forward(&self, ids: &Array, cache: Option<&mut Cache>) -> Result<Array> {
         Ok(self.run(ids, cache, None, false)?.hidden)
     }
@@ -114,7 +120,7 @@ impl Model {
     }
 
     /// Scores several new tokens in one forward with every row bit-identical to decoding them
-    /// one at a time (`forward` on a [1, 1] input per token): the projections, norms and head
+    /// one at a time (`forward` on a `[1, 1]` input per token): the projections, norms and head
     /// are batched (row-independent kernels), and each row attends alone over exactly the keys,
     /// in exactly the order, that its one-token step would see. This is what makes greedy
     /// speculative decoding reproduce plain greedy decoding bit for bit. Cost over `forward`:
@@ -123,7 +129,7 @@ impl Model {
         self.run(ids, Some(cache), taps, true)
     }
 
-    /// Tied head (or lm_head) plus softcap // [.., H] -> [.., V]
+    /// Tied head (or lm_head) plus softcap // `[.., H]` -> `[.., V]`
     pub fn logits_from_hidden(&self, hidden: &Array) -> Result<Array> {
         let logits = match &self.lm_head {
             Some(head) => head.forward(hidden)?,
@@ -135,7 +141,7 @@ impl Model {
         })
     }
 
-    /// `logits_from_hidden(forward(ids))` // [B, L] -> [B, L, V]
+    /// `logits_from_hidden(forward(ids))` // `[B, L]` -> `[B, L, V]`
     pub fn logits(&self, ids: &Array, cache: Option<&mut Cache>) -> Result<Array> {
         self.logits_from_hidden(&self.forward(ids, cache)?)
     }
@@ -155,7 +161,13 @@ impl Model {
         Ok(Some(proj.add(&pli)?.mul_scalar(2f64.powf(-0.5))?))
     }
 
-    fn run(&self, ids: &Array, mut cache: Option<&mut Cache>, taps: Option<&TapSet>, stepwise: bool) -> Result<ForwardOutput> {
+    fn run(
+        &self,
+        ids: &Array,
+        mut cache: Option<&mut Cache>,
+        taps: Option<&TapSet>,
+        stepwise: bool,
+    ) -> Result<ForwardOutput> {
         let s = ids.shape();
         if s.len() != 2 {
             return Err(Error::Input { op: "forward", detail: format!("token ids must be [B, L], got {s:?}") });
@@ -181,7 +193,8 @@ impl Model {
         };
         let full_mask = mask::full_mask(n);
         // A stepwise forward masks nothing (each row gets its own keys); skip the host-built mask.
-        let sliding_mask = if stepwise { AttnMask::None } else { mask::sliding_mask(n, first_sliding, self.cfg.sliding_window)? };
+        let sliding_mask =
+            if stepwise { AttnMask::None } else { mask::sliding_mask(n, first_sliding, self.cfg.sliding_window)? };
 
         let mut captured: Vec<Option<Array>> = vec![None; taps.map(|t| t.points().len()).unwrap_or(0)];
         let mut published: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
@@ -206,7 +219,10 @@ impl Model {
                 }
                 KvSource::Shared { donor } => {
                     let Some(shared) = published.get(donor).and_then(Option::as_ref) else {
-                        return Err(Error::Input { op: "forward", detail: format!("layer {i}: donor {donor} has not run") });
+                        return Err(Error::Input {
+                            op: "forward",
+                            detail: format!("layer {i}: donor {donor} has not run"),
+                        });
                     };
                     layer.forward(&h, attend, None, pli.as_ref(), Some(shared))?
                 }

@@ -20,7 +20,14 @@ pub struct Router {
 }
 
 impl Router {
-    pub fn load(wm: &mut WeightMap, prefix: &str, hidden: usize, experts: usize, top_k: usize, eps: f32) -> Result<Router> {
+    pub fn load(
+        wm: &mut WeightMap,
+        prefix: &str,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        eps: f32,
+    ) -> Result<Router> {
         Ok(Router {
             proj: Linear::load(wm, &format!("{prefix}.router.proj"), experts, hidden)?,
             scale: wm.get_shaped(&format!("{prefix}.router.scale"), &[hidden as i32])?,
@@ -32,7 +39,7 @@ impl Router {
         })
     }
 
-    /// h [B, L, H] -> (indices [B, L, k] in argpartition order, weights [B, L, k])
+    /// h `[B, L, H]` -> (indices `[B, L, k]` in argpartition order, weights `[B, L, k]`)
     pub fn forward(&self, h: &Array) -> Result<(Array, Array)> {
         let w = self.scale.mul_scalar(self.root_size)?;
         let xn = fast::rms_norm(h, Some(&w), self.eps)?;
@@ -76,7 +83,7 @@ impl Experts {
         })
     }
 
-    /// x [B, L, H], idx/w [B, L, k] -> [B, L, H]
+    /// x `[B, L, H]`, idx/w `[B, L, k]` -> `[B, L, H]`
     pub fn forward(&self, x: &Array, idx: &Array, weights: &Array) -> Result<Array> {
         let ishape = idx.shape();
         let k = *ishape.last().unwrap_or(&1);

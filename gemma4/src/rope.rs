@@ -35,7 +35,7 @@ impl Rope {
         })
     }
 
-    /// Rotates x [B, H, L, D] for positions `offset..offset+L`.
+    /// Rotates x `[B, H, L, D]` for positions `offset..offset+L`.
     pub fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
         Ok(match self {
             Rope::Default { dims, base } => fast::rope(x, *dims, false, RopeFreqs::Base(*base), 1.0, offset)?,

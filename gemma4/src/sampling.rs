@@ -62,7 +62,7 @@ impl SamplerConfig {
     }
 }
 
-/// `logits − logsumexp(logits)` in the logits' dtype // [.., V]
+/// `logits − logsumexp(logits)` in the logits' dtype // `[.., V]`
 pub fn logprobs(logits: &Array) -> Result<Array> {
     Ok(logits.subtract(&logits.logsumexp(&[-1], true)?)?)
 }
@@ -137,7 +137,7 @@ impl Sampler {
         &self.cfg
     }
 
-    /// Picks a token per row from logprobs [B, V] (lazily; nothing is evaluated) -> [B] uint32.
+    /// Picks a token per row from logprobs `[B, V]` (lazily; nothing is evaluated) -> `[B]` uint32.
     pub fn sample(&mut self, logprobs: &Array) -> Result<Array> {
         if self.cfg.is_greedy() {
             return Ok(logprobs.argmax(-1, false)?);

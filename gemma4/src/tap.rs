@@ -11,7 +11,7 @@ pub enum TapPoint {
 }
 
 /// An ordered set of tap points; captured states are concatenated on the feature axis in this
-/// order, giving [B, L, H · len].
+/// order, giving `[B, L, H · len]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TapSet {
     points: Vec<TapPoint>,

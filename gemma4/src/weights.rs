@@ -35,7 +35,8 @@ pub fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|source| Error::Io { path: index.clone(), source })?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|source| Error::Json { path: index.clone(), source })?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|source| Error::Json { path: index.clone(), source })?;
         let listed: BTreeSet<String> = v
             .get("weight_map")
             .and_then(|m| m.as_object())
@@ -62,7 +63,12 @@ pub fn load_raw(dir: &Path) -> Result<BTreeMap<String, Array>> {
         let file = mlx_core::load_safetensors(&shard)?;
         for (k, v) in file.tensors {
             if let Some(first) = origin.get(&k) {
-                return Err(Error::DuplicateTensor { dir: dir.to_path_buf(), name: k, first: first.clone(), second: name });
+                return Err(Error::DuplicateTensor {
+                    dir: dir.to_path_buf(),
+                    name: k,
+                    first: first.clone(),
+                    second: name,
+                });
             }
             origin.insert(k.clone(), name.clone());
             all.insert(k, v);
@@ -145,7 +151,7 @@ fn layer_index(key: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
-/// A linear layer's weights: dense [out, in] or MLX-affine quantized.
+/// A linear layer's weights: dense `[out, in]` or MLX-affine quantized.
 #[derive(Clone, Debug)]
 pub enum LinearWeights {
     Dense(Array),
@@ -153,7 +159,7 @@ pub enum LinearWeights {
 }
 
 impl LinearWeights {
-    /// `x @ Wᵀ` for W [out, in]: the `nn.Linear` / tied-head product // [.., in] -> [.., out]
+    /// `x @ Wᵀ` for W `[out, in]`: the `nn.Linear` / tied-head product // `[.., in]` -> `[.., out]`
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
@@ -161,7 +167,7 @@ impl LinearWeights {
         })
     }
 
-    /// Rows at `ids` of a [rows, dims] table (quantized: gather, then dequantize) // [..] -> [.., dims]
+    /// Rows at `ids` of a `[rows, dims]` table (quantized: gather, then dequantize) // [..] -> `[.., dims]`
     pub fn gather(&self, ids: &Array) -> Result<Array> {
         Ok(match self {
             LinearWeights::Dense(w) => w.take(ids, 0)?,
@@ -222,20 +228,31 @@ impl WeightMap {
         let a = self.get(name)?;
         let got = a.shape();
         if got != expected {
-            return Err(Error::WeightShape { dir: self.dir.clone(), name: name.to_string(), expected: expected.to_vec(), got });
+            return Err(Error::WeightShape {
+                dir: self.dir.clone(),
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                got,
+            });
         }
         Ok(a)
     }
 
-    /// A linear (or embedding table) at module path `module` with logical shape [out, in]:
+    /// A linear (or embedding table) at module path `module` with logical shape `[out, in]`:
     /// dense if there is no `module.scales`, else quantized with the config's per-path spec or
     /// the spec inferred from shapes (mlx-lm `infer_quant_config`).
     pub fn linear(&mut self, module: &str, out: usize, inp: usize) -> Result<LinearWeights> {
         self.stacked_linear(module, None, out, inp)
     }
 
-    /// Like [`WeightMap::linear`] for a stack of `experts` matrices [E, out, in] (switch layers).
-    pub fn stacked_linear(&mut self, module: &str, experts: Option<usize>, out: usize, inp: usize) -> Result<LinearWeights> {
+    /// Like [`WeightMap::linear`] for a stack of `experts` matrices `[E, out, in]` (switch layers).
+    pub fn stacked_linear(
+        &mut self,
+        module: &str,
+        experts: Option<usize>,
+        out: usize,
+        inp: usize,
+    ) -> Result<LinearWeights> {
         let lead: Vec<i32> = experts.iter().map(|&e| e as i32).collect();
         let with_lead = |tail: &[i32]| -> Vec<i32> { lead.iter().chain(tail).copied().collect() };
         let wname = format!("{module}.weight");
@@ -259,17 +276,25 @@ impl WeightMap {
         }
         let (full_ws, full_ss) = (weight.shape(), scales.shape());
         let n = lead.len();
-        let lead_ok = full_ws.len() == n + 2 && full_ss.len() == n + 2 && full_ws[..n] == lead[..] && full_ss[..n] == lead[..];
+        let lead_ok =
+            full_ws.len() == n + 2 && full_ss.len() == n + 2 && full_ws[..n] == lead[..] && full_ss[..n] == lead[..];
         let (ws, ss) = (full_ws[n.min(full_ws.len())..].to_vec(), full_ss[n.min(full_ss.len())..].to_vec());
         if !lead_ok || ws.len() != 2 || ss.len() != 2 || ws[0] != out as i32 || ss[0] != out as i32 || ss[1] <= 0 {
-            return Err(qerr(format!("weight {full_ws:?} / scales {full_ss:?} do not fit a {:?} matrix", with_lead(&[out as i32, inp as i32]))));
+            return Err(qerr(format!(
+                "weight {full_ws:?} / scales {full_ss:?} do not fit a {:?} matrix",
+                with_lead(&[out as i32, inp as i32])
+            )));
         }
         let spec = match override_spec.flatten() {
             Some(s) => s,
             None => {
                 let group = inp as i32 / ss[1];
                 let bits = ws[1] * 32 / inp as i32;
-                crate::config::QuantSpec { group_size: group as u32, bits: bits as u32, mode: crate::config::QuantMode::Affine }
+                crate::config::QuantSpec {
+                    group_size: group as u32,
+                    bits: bits as u32,
+                    mode: crate::config::QuantMode::Affine,
+                }
             }
         };
         let spec = mlx_core::quant::QuantSpec::new(spec.bits, spec.group_size).map_err(|e| qerr(e.to_string()))?;

@@ -16,10 +16,14 @@ pub fn scratch(name: &str) -> PathBuf {
 
 pub fn tiny_a() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| write_random_checkpoint(&scratch("tiny-a"), &tiny_config_a(), 1234, Dtype::Bf16, 2, true).unwrap())
+    DIR.get_or_init(|| {
+        write_random_checkpoint(&scratch("tiny-a"), &tiny_config_a(), 1234, Dtype::Bf16, 2, true).unwrap()
+    })
 }
 
 pub fn tiny_b_f32() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| write_random_checkpoint(&scratch("tiny-b"), &tiny_config_b(), 1234, Dtype::F32, 1, true).unwrap())
+    DIR.get_or_init(|| {
+        write_random_checkpoint(&scratch("tiny-b"), &tiny_config_b(), 1234, Dtype::F32, 1, true).unwrap()
+    })
 }

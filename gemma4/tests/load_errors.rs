@@ -67,7 +67,9 @@ impl Drop for Scratch {
 /// The undamaged source checkpoint (one shard).
 fn base() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| write_random_checkpoint(&root().join("base"), &tiny_config_a(), 7, Dtype::Bf16, 1, true).unwrap())
+    DIR.get_or_init(|| {
+        write_random_checkpoint(&root().join("base"), &tiny_config_a(), 7, Dtype::Bf16, 1, true).unwrap()
+    })
 }
 
 /// The base quantized to 4 bits, group 64.
@@ -212,35 +214,42 @@ fn corrupt(name: &str, damage: impl FnOnce(Vec<u8>) -> Vec<u8>) -> (PathBuf, Err
 #[test]
 fn corrupt_safetensors_names_the_file() {
     let header_len = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
-    let cases: Vec<(&str, Box<dyn FnOnce(Vec<u8>) -> Vec<u8>>)> = vec![
+    type Corrupt = Box<dyn FnOnce(Vec<u8>) -> Vec<u8>>;
+    let cases: Vec<(&str, Corrupt)> = vec![
         ("garbage", Box::new(|_| b"this is not a safetensors file at all".to_vec())),
         ("empty", Box::new(|_| Vec::new())),
         // A header length pointing past the end of the file.
-        ("header-len", Box::new(|mut b: Vec<u8>| {
-            let n = (b.len() as u64 * 2).to_le_bytes();
-            b[..8].copy_from_slice(&n);
-            b
-        })),
+        (
+            "header-len",
+            Box::new(|mut b: Vec<u8>| {
+                let n = (b.len() as u64 * 2).to_le_bytes();
+                b[..8].copy_from_slice(&n);
+                b
+            }),
+        ),
         // Broken JSON in the header.
-        ("header-json", Box::new(move |mut b: Vec<u8>| {
-            let n = header_len(&b);
-            b[8 + n / 2] = b'\x01';
-            b[9] = b'!';
-            b
-        })),
+        (
+            "header-json",
+            Box::new(move |mut b: Vec<u8>| {
+                let n = header_len(&b);
+                b[8 + n / 2] = b'\x01';
+                b[9] = b'!';
+                b
+            }),
+        ),
         // Data cut short: the header promises more bytes than the file has.
-        ("truncated", Box::new(move |b: Vec<u8>| {
-            let n = header_len(&b);
-            let keep = 8 + n + (b.len() - 8 - n) / 2;
-            b[..keep].to_vec()
-        })),
+        (
+            "truncated",
+            Box::new(move |b: Vec<u8>| {
+                let n = header_len(&b);
+                let keep = 8 + n + (b.len() - 8 - n) / 2;
+                b[..keep].to_vec()
+            }),
+        ),
     ];
     for (name, damage) in cases {
         let (path, e) = corrupt(&format!("corrupt-{name}"), damage);
-        assert!(
-            matches!(&e, Error::Mlx(mlx_core::Error::Safetensors { path: p, .. }) if p == &path),
-            "{name}: {e:?}"
-        );
+        assert!(matches!(&e, Error::Mlx(mlx_core::Error::Safetensors { path: p, .. }) if p == &path), "{name}: {e:?}");
         assert_mentions(&e, &[&path.display().to_string()]);
     }
 }
@@ -248,11 +257,9 @@ fn corrupt_safetensors_names_the_file() {
 #[test]
 fn quantized_scales_of_the_wrong_shape() {
     // q_proj of layer 0: weight [128, 16] u32, scales/biases [128, 2] for 4 bits, group 64.
-    let cases: [(&str, fn(&[i32]) -> Vec<i32>); 3] = [
-        ("rows", |s| vec![s[0] - 1, s[1]]),
-        ("groups", |s| vec![s[0], s[1] * 2]),
-        ("rank", |s| vec![s[0] * s[1]]),
-    ];
+    type Reshape = fn(&[i32]) -> Vec<i32>;
+    let cases: [(&str, Reshape); 3] =
+        [("rows", |s| vec![s[0] - 1, s[1]]), ("groups", |s| vec![s[0], s[1] * 2]), ("rank", |s| vec![s[0] * s[1]])];
     for (what, reshape) in cases {
         let dir = copy_of(base_q4(), &format!("qscales-{what}"));
         let key = "model.layers.0.self_attn.q_proj.scales";
@@ -313,7 +320,17 @@ fn bad_config_field_names_file_and_field() {
             m.insert("num_hidden_layers".into(), "six".into());
         }),
         ("layer-type", "layer_types[1]", |m| {
-            m.insert("layer_types".into(), serde_json::json!(["sliding_attention", "global", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]));
+            m.insert(
+                "layer_types".into(),
+                serde_json::json!([
+                    "sliding_attention",
+                    "global",
+                    "full_attention",
+                    "sliding_attention",
+                    "sliding_attention",
+                    "full_attention"
+                ]),
+            );
         }),
         ("shared", "num_kv_shared_layers", |m| {
             m.insert("num_kv_shared_layers".into(), 6.into());
@@ -351,7 +368,10 @@ fn nested_config_errors_name_the_text_config_field() {
     v["text_config"]["rms_norm_eps"] = Value::from("small");
     std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
     let e = load_err(&dir);
-    assert!(matches!(in_file(&e), Some((_, ConfigError::Type { field, .. })) if field == "text_config.rms_norm_eps"), "{e:?}");
+    assert!(
+        matches!(in_file(&e), Some((_, ConfigError::Type { field, .. })) if field == "text_config.rms_norm_eps"),
+        "{e:?}"
+    );
     assert_mentions(&e, &[&path.display().to_string(), "text_config.rms_norm_eps"]);
 }
 
@@ -379,7 +399,10 @@ fn duplicate_tensor_across_shards_names_both() {
         t.insert(moved.0.clone(), moved.1);
     });
     let e = load_err(&dir);
-    assert!(matches!(&e, Error::DuplicateTensor { name, first, second, .. } if name == &moved.0 && first == a && second == b), "{e:?}");
+    assert!(
+        matches!(&e, Error::DuplicateTensor { name, first, second, .. } if name == &moved.0 && first == a && second == b),
+        "{e:?}"
+    );
     assert_mentions(&e, &[&moved.0, a, b]);
 }
 

@@ -93,7 +93,8 @@ fn check_stepwise_rounds(m: &Model, prompt_len: usize, rounds: &[(usize, usize)]
     }
     let mut pending = last[0];
     for (r, &(s, keep)) in rounds.iter().enumerate() {
-        let window: Vec<u32> = std::iter::once(pending).chain((1..s as u32).map(|i| 3 + (pending * 7 + i * 53) % 500)).collect();
+        let window: Vec<u32> =
+            std::iter::once(pending).chain((1..s as u32).map(|i| 3 + (pending * 7 + i * 53) % 500)).collect();
         let out = m.forward_stepwise(&ids_array(&window).unwrap(), &mut spec, None).unwrap();
         let logits = m.logits_from_hidden(&out.hidden).unwrap(); // [1, S, V]
         let want = decode_one_by_one(m, &mut plain.clone(), &window);
@@ -139,10 +140,15 @@ fn batched_verify_is_not_one_by_one_past_the_window() {
             let window: Vec<u32> = (0..s).map(|i| 3 + (salt * 13 + r * 31 + i * 97) % 500).collect();
             let got = m.logits(&ids_array(&window).unwrap(), Some(&mut batched)).unwrap();
             let want = decode_one_by_one(&m, &mut plain.clone(), &window);
-            differing += (0..s).filter(|&i| bytes(&got.slice_axis(1, i as i32, i as i32 + 1).unwrap()) != want[i as usize]).count();
+            differing += (0..s)
+                .filter(|&i| bytes(&got.slice_axis(1, i as i32, i as i32 + 1).unwrap()) != want[i as usize])
+                .count();
             batched.trim((s - keep) as usize).unwrap();
             decode_one_by_one(&m, &mut plain, &window[..keep as usize]);
         }
     }
-    assert!(differing > 0, "batched verification matched one-by-one decoding on every row: the stepwise test has no teeth here");
+    assert!(
+        differing > 0,
+        "batched verification matched one-by-one decoding on every row: the stepwise test has no teeth here"
+    );
 }

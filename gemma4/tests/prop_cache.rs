@@ -35,7 +35,7 @@ struct Tok {
     stamp: u32,
 }
 
-/// K and V [1, 1, S, 2] for `toks`.
+/// K and V `[1, 1, S, 2]` for `toks`.
 fn rows(toks: &[Tok]) -> (Array, Array) {
     let k: Vec<f32> = toks.iter().flat_map(|t| [t.pos as f32, t.stamp as f32]).collect();
     let v: Vec<f32> = toks.iter().flat_map(|t| [t.pos as f32 + 0.5, t.stamp as f32]).collect();
@@ -63,7 +63,8 @@ fn decode(k: &Array, v: &Array) -> Result<Vec<Tok>, TestCaseError> {
 
 /// `got` is `want` cyclically rotated (ring order of a temporal sequence).
 fn is_rotation(got: &[Tok], want: &[Tok]) -> bool {
-    got.len() == want.len() && (want.is_empty() || (0..want.len()).any(|r| got[..] == [&want[r..], &want[..r]].concat()[..]))
+    got.len() == want.len()
+        && (want.is_empty() || (0..want.len()).any(|r| got[..] == [&want[r..], &want[..r]].concat()[..]))
 }
 
 /// What was expected of a trim.
@@ -182,9 +183,13 @@ impl Harness {
             let lo = self.window.map_or(0, |w| (q + 1).saturating_sub(w));
             let want: BTreeSet<Tok> = self.committed[lo..=q].iter().copied().collect();
             prop_assert_eq!(
-                &visible, &want,
+                &visible,
+                &want,
                 "query at position {} (window {:?}) with mask {:?} over buffer {:?}",
-                q, self.window, mask, buf
+                q,
+                self.window,
+                mask,
+                buf
             );
         }
         Ok(())
@@ -209,7 +214,12 @@ impl Harness {
             return Err(TestCaseError::fail(format!("cache of {len} tokens retains nothing")));
         };
         let want = &self.committed[len - self.phys..];
-        prop_assert_eq!(&retained[..], want, "retained() must be the {} newest committed tokens in temporal order", self.phys);
+        prop_assert_eq!(
+            &retained[..],
+            want,
+            "retained() must be the {} newest committed tokens in temporal order",
+            self.phys
+        );
         if let Some(w) = self.window {
             prop_assert!(self.phys >= len.min(w - 1), "retained {} < min(len {}, w-1)", self.phys, len);
             prop_assert!(self.phys >= len.min(w), "retained {} < min(len {}, w)", self.phys, len);
@@ -260,7 +270,9 @@ impl Harness {
                     Ok(()) => return Err(TestCaseError::fail(format!("check_trim({n}) allowed, expected {want:?}"))),
                 }
                 match &res {
-                    Err(Error::Cache(e)) => prop_assert!(same(e), "trim({}) refused with {:?}, expected {:?}", n, e, want),
+                    Err(Error::Cache(e)) => {
+                        prop_assert!(same(e), "trim({}) refused with {:?}, expected {:?}", n, e, want)
+                    }
                     other => return Err(TestCaseError::fail(format!("trim({n}) gave {other:?}, expected {want:?}"))),
                 }
                 let msg = res.unwrap_err().to_string();

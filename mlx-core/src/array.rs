@@ -16,10 +16,17 @@ pub struct Array {
 impl Array {
     /// Wraps a bridge result, naming `op` in the error.
     #[track_caller]
-    pub(crate) fn wrap(op: &'static str, r: std::result::Result<UniquePtr<ffi::Array>, cxx::Exception>) -> Result<Array> {
+    pub(crate) fn wrap(
+        op: &'static str,
+        r: std::result::Result<UniquePtr<ffi::Array>, cxx::Exception>,
+    ) -> Result<Array> {
         match r {
             Ok(inner) if !inner.is_null() => Ok(Array { inner }),
-            Ok(_) => Err(Error::Mlx { op, message: "bridge returned a null array".into(), location: std::panic::Location::caller() }),
+            Ok(_) => Err(Error::Mlx {
+                op,
+                message: "bridge returned a null array".into(),
+                location: std::panic::Location::caller(),
+            }),
             Err(e) => Err(mlx_err(op, e)),
         }
     }

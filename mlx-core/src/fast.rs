@@ -21,7 +21,7 @@ pub enum RopeFreqs<'a> {
     Explicit(&'a Array),
 }
 
-/// `mx.fast.rope` over the last axis of `x` ([B, H, L, D]) with the position offset given as an
+/// `mx.fast.rope` over the last axis of `x` (`[B, H, L, D]`) with the position offset given as an
 /// int32 array, as mlx-lm passes `cache.offset`.
 #[track_caller]
 pub fn rope(x: &Array, dims: i32, traditional: bool, freqs: RopeFreqs<'_>, scale: f32, offset: i32) -> Result<Array> {
@@ -40,12 +40,12 @@ pub enum Mask<'a> {
     None,
     /// `"causal"`, bottom-right aligned when there are more keys than queries.
     Causal,
-    /// An explicit additive (float) or boolean (true = attend) mask broadcastable to [B, H, L, S].
+    /// An explicit additive (float) or boolean (true = attend) mask broadcastable to `[B, H, L, S]`.
     Array(&'a Array),
 }
 
-/// `mx.fast.scaled_dot_product_attention(q, k, v, scale, mask)` with q [B, Hq, L, D] and
-/// k, v [B, Hkv, S, D]; GQA is handled by MLX when Hq is a multiple of Hkv.
+/// `mx.fast.scaled_dot_product_attention(q, k, v, scale, mask)` with q `[B, Hq, L, D]` and
+/// k, v `[B, Hkv, S, D]`; GQA is handled by MLX when Hq is a multiple of Hkv.
 #[track_caller]
 pub fn scaled_dot_product_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
     let (mode, arr) = match mask {

@@ -21,7 +21,10 @@ impl QuantSpec {
     /// Validates `bits` ∈ {2,3,4,5,6,8} and `group_size` ∈ {32,64,128}.
     pub fn new(bits: u32, group_size: u32) -> Result<QuantSpec> {
         if !SUPPORTED_BITS.contains(&bits) {
-            return Err(Error::Host { op: "QuantSpec", detail: format!("bits {bits} unsupported, expected one of {SUPPORTED_BITS:?}") });
+            return Err(Error::Host {
+                op: "QuantSpec",
+                detail: format!("bits {bits} unsupported, expected one of {SUPPORTED_BITS:?}"),
+            });
         }
         if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
             return Err(Error::Host {
@@ -43,8 +46,8 @@ impl QuantSpec {
     }
 }
 
-/// A quantized matrix: packed `weight` uint32 [out, in·bits/32], `scales` and `biases`
-/// [out, in/group_size] in the source dtype.
+/// A quantized matrix: packed `weight` uint32 `[out, in·bits/32]`, `scales` and `biases`
+/// `[out, in/group_size]` in the source dtype.
 #[derive(Clone, Debug)]
 pub struct Quantized {
     pub weight: Array,
@@ -72,7 +75,7 @@ impl Quantized {
         dequantize(&self.weight, &self.scales, &self.biases, self.spec)
     }
 
-    /// `x @ Wᵀ` for the quantized W [out, in] (an `nn.QuantizedLinear` forward).
+    /// `x @ Wᵀ` for the quantized W `[out, in]` (an `nn.QuantizedLinear` forward).
     #[track_caller]
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
         quantized_matmul(x, &self.weight, &self.scales, &self.biases, true, self.spec)
@@ -100,7 +103,14 @@ pub fn dequantize(w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) ->
 
 /// `mx.quantized_matmul(x, w, scales, biases, transpose, group_size, bits)`.
 #[track_caller]
-pub fn quantized_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, transpose: bool, spec: QuantSpec) -> Result<Array> {
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    transpose: bool,
+    spec: QuantSpec,
+) -> Result<Array> {
     let b = List::opt(Some(biases))?;
     Array::wrap(
         "quantized_matmul",
@@ -119,7 +129,13 @@ pub fn quantized_matmul(x: &Array, w: &Array, scales: &Array, biases: &Array, tr
 
 /// `mx.gather_qmm(x, w, scales, biases, rhs_indices=idx, transpose, ...)` for switch (MoE) layers.
 #[track_caller]
-pub fn gather_qmm(x: &Array, q: &Quantized, rhs_indices: &Array, transpose: bool, sorted_indices: bool) -> Result<Array> {
+pub fn gather_qmm(
+    x: &Array,
+    q: &Quantized,
+    rhs_indices: &Array,
+    transpose: bool,
+    sorted_indices: bool,
+) -> Result<Array> {
     let b = List::opt(Some(&q.biases))?;
     Array::wrap(
         "gather_qmm",

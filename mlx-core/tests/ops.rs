@@ -161,11 +161,25 @@ fn rope_rotates_half_split_pairs() -> R {
 }
 
 /// softmax(q·kᵀ·scale + mask) v in f64, one head.
-fn attention_ref(q: &[f32], k: &[f32], v: &[f32], l: usize, s: usize, d: usize, allow: impl Fn(usize, usize) -> bool) -> Vec<f32> {
+fn attention_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    l: usize,
+    s: usize,
+    d: usize,
+    allow: impl Fn(usize, usize) -> bool,
+) -> Vec<f32> {
     let mut out = vec![0f32; l * d];
     for i in 0..l {
         let scores: Vec<f64> = (0..s)
-            .map(|j| if allow(i, j) { (0..d).map(|t| q[i * d + t] as f64 * k[j * d + t] as f64).sum() } else { f64::NEG_INFINITY })
+            .map(|j| {
+                if allow(i, j) {
+                    (0..d).map(|t| q[i * d + t] as f64 * k[j * d + t] as f64).sum()
+                } else {
+                    f64::NEG_INFINITY
+                }
+            })
             .collect();
         let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
@@ -183,7 +197,11 @@ fn sdpa_masks() -> R {
     let q: Vec<f32> = (0..l * d).map(|i| (i as f32 * 0.3).sin()).collect();
     let k: Vec<f32> = (0..s * d).map(|i| (i as f32 * 0.7).cos()).collect();
     let v: Vec<f32> = (0..s * d).map(|i| i as f32 * 0.1).collect();
-    let (qa, ka, va) = (arr(&q, &[1, 1, l as i32, d as i32]), arr(&k, &[1, 1, s as i32, d as i32]), arr(&v, &[1, 1, s as i32, d as i32]));
+    let (qa, ka, va) = (
+        arr(&q, &[1, 1, l as i32, d as i32]),
+        arr(&k, &[1, 1, s as i32, d as i32]),
+        arr(&v, &[1, 1, s as i32, d as i32]),
+    );
     let none = fast::scaled_dot_product_attention(&qa, &ka, &va, 1.0, Mask::None)?;
     close(&f32s(&none), &attention_ref(&q, &k, &v, l, s, d, |_, _| true), 1e-5);
     // "causal" is bottom-right aligned: query i sees keys j <= i + (s - l).

@@ -102,45 +102,25 @@ impl std::fmt::Display for RowKind {
 pub enum AcceptError {
     /// Wrong number of probability rows: `d` draft rows and `d + 1` target rows are required.
     #[error("expected {expected} {kind} probability rows, got {got}")]
-    RowCount {
-        kind: RowKind,
-        expected: usize,
-        got: usize,
-    },
+    RowCount { kind: RowKind, expected: usize, got: usize },
     /// The target rows have zero width.
     #[error("probability rows are empty (vocabulary size 0)")]
     EmptyVocab,
     /// A row's width differs from the vocabulary size set by target row 0.
     #[error("{kind} row {row} has {got} entries, expected the vocabulary size {expected}")]
-    RowWidth {
-        kind: RowKind,
-        row: usize,
-        expected: usize,
-        got: usize,
-    },
+    RowWidth { kind: RowKind, row: usize, expected: usize, got: usize },
     /// A row holds a negative, NaN or infinite probability.
     #[error("{kind} row {row} has invalid probability {value} at token {token}")]
-    InvalidProbability {
-        kind: RowKind,
-        row: usize,
-        token: usize,
-        value: f32,
-    },
+    InvalidProbability { kind: RowKind, row: usize, token: usize, value: f32 },
     /// A row does not sum to 1 within [`ROW_SUM_TOLERANCE`].
     #[error("{kind} row {row} sums to {sum}, not 1 (tolerance {ROW_SUM_TOLERANCE})")]
     RowSum { kind: RowKind, row: usize, sum: f64 },
     /// A draft id is not in the vocabulary.
     #[error("draft {position} is token {token}, outside the vocabulary of {vocab}")]
-    TokenOutOfVocab {
-        position: usize,
-        token: u32,
-        vocab: usize,
-    },
+    TokenOutOfVocab { position: usize, token: u32, vocab: usize },
     /// The draft row gives its own sampled token probability 0. A drafter that sampled `x_k`
     /// from `q_k` cannot produce this, so `q` is not the distribution the draft came from.
-    #[error(
-        "draft {position} (token {token}) has draft probability 0, so it was not sampled from q"
-    )]
+    #[error("draft {position} (token {token}) has draft probability 0, so it was not sampled from q")]
     ZeroDraftProbability { position: usize, token: u32 },
     /// The uniform source returned a value outside `[0, 1)`.
     #[error("uniform draw {value} is outside [0, 1)")]
@@ -163,17 +143,9 @@ pub fn greedy_accept(drafts: &[u32], target_argmax: &[u32]) -> Verdict {
         drafts.len() + 1,
         "greedy_accept: target_argmax must have one entry per draft plus one"
     );
-    let accepted = drafts
-        .iter()
-        .zip(target_argmax)
-        .take_while(|(draft, target)| draft == target)
-        .count();
+    let accepted = drafts.iter().zip(target_argmax).take_while(|(draft, target)| draft == target).count();
     let token = target_argmax[accepted];
-    let next = if accepted == drafts.len() {
-        NextToken::Bonus(token)
-    } else {
-        NextToken::Recovered(token)
-    };
+    let next = if accepted == drafts.len() { NextToken::Bonus(token) } else { NextToken::Recovered(token) };
     Verdict { accepted, next }
 }
 
@@ -188,11 +160,7 @@ pub fn greedy_accept(drafts: &[u32], target_argmax: &[u32]) -> Verdict {
 ///
 /// If `p` and `q` have different lengths.
 pub fn residual(p: &[f32], q: &[f32]) -> Option<Vec<f32>> {
-    assert_eq!(
-        p.len(),
-        q.len(),
-        "residual: p and q must have the same length"
-    );
+    assert_eq!(p.len(), q.len(), "residual: p and q must have the same length");
     let mass = residual_mass(p, q);
     if mass <= RESIDUAL_MASS_EPSILON {
         return None;
@@ -239,18 +207,12 @@ pub fn speculative_sample(
         } else {
             sample_inverse_cdf(p.iter().map(|&v| f64::from(v)), u)
         };
-        return Ok(Verdict {
-            accepted: k,
-            next: NextToken::Recovered(token),
-        });
+        return Ok(Verdict { accepted: k, next: NextToken::Recovered(token) });
     }
 
     let u = draw(uniforms)?;
     let token = sample_inverse_cdf(p_rows[d].iter().map(|&v| f64::from(v)), u);
-    Ok(Verdict {
-        accepted: d,
-        next: NextToken::Bonus(token),
-    })
+    Ok(Verdict { accepted: d, next: NextToken::Bonus(token) })
 }
 
 /// The exact distribution of the token emitted by one speculative step: one draft drawn from
@@ -266,11 +228,7 @@ pub fn speculative_sample(
 ///
 /// If `p` and `q` have different lengths.
 pub fn step_distribution(p: &[f32], q: &[f32]) -> Vec<f64> {
-    assert_eq!(
-        p.len(),
-        q.len(),
-        "step_distribution: p and q must have the same length"
-    );
+    assert_eq!(p.len(), q.len(), "step_distribution: p and q must have the same length");
     let accept = |(&pt, &qt): (&f32, &f32)| f64::from(pt).min(f64::from(qt));
     let accepted_mass: f64 = p.iter().zip(q).map(accept).sum();
     let reject = 1.0 - accepted_mass;
@@ -280,18 +238,12 @@ pub fn step_distribution(p: &[f32], q: &[f32]) -> Vec<f64> {
     } else {
         p.iter().map(|&v| f64::from(v)).collect()
     };
-    p.iter()
-        .zip(q)
-        .zip(fallback)
-        .map(|(pq, r)| accept(pq) + reject * r)
-        .collect()
+    p.iter().zip(q).zip(fallback).map(|(pq, r)| accept(pq) + reject * r).collect()
 }
 
 /// `max(p − q, 0)` per token, in f64.
 fn residual_weights<'a>(p: &'a [f32], q: &'a [f32]) -> impl Iterator<Item = f64> + Clone + 'a {
-    p.iter()
-        .zip(q)
-        .map(|(&pt, &qt)| (f64::from(pt) - f64::from(qt)).max(0.0))
+    p.iter().zip(q).map(|(&pt, &qt)| (f64::from(pt) - f64::from(qt)).max(0.0))
 }
 
 fn residual_mass(p: &[f32], q: &[f32]) -> f64 {
@@ -337,18 +289,10 @@ fn draw(uniforms: &mut impl FnMut() -> f32) -> Result<f32, AcceptError> {
 fn validate_round(drafts: &[u32], q_rows: &[&[f32]], p_rows: &[&[f32]]) -> Result<(), AcceptError> {
     let d = drafts.len();
     if q_rows.len() != d {
-        return Err(AcceptError::RowCount {
-            kind: RowKind::Draft,
-            expected: d,
-            got: q_rows.len(),
-        });
+        return Err(AcceptError::RowCount { kind: RowKind::Draft, expected: d, got: q_rows.len() });
     }
     if p_rows.len() != d + 1 {
-        return Err(AcceptError::RowCount {
-            kind: RowKind::Target,
-            expected: d + 1,
-            got: p_rows.len(),
-        });
+        return Err(AcceptError::RowCount { kind: RowKind::Target, expected: d + 1, got: p_rows.len() });
     }
     let vocab = p_rows[0].len();
     if vocab == 0 {
@@ -361,11 +305,7 @@ fn validate_round(drafts: &[u32], q_rows: &[&[f32]], p_rows: &[&[f32]]) -> Resul
     }
     for (position, (&token, q)) in drafts.iter().zip(q_rows).enumerate() {
         let Some(&q_x) = q.get(token as usize) else {
-            return Err(AcceptError::TokenOutOfVocab {
-                position,
-                token,
-                vocab,
-            });
+            return Err(AcceptError::TokenOutOfVocab { position, token, vocab });
         };
         if q_x <= 0.0 {
             return Err(AcceptError::ZeroDraftProbability { position, token });
@@ -374,29 +314,14 @@ fn validate_round(drafts: &[u32], q_rows: &[&[f32]], p_rows: &[&[f32]]) -> Resul
     Ok(())
 }
 
-fn validate_row(
-    kind: RowKind,
-    row: usize,
-    values: &[f32],
-    vocab: usize,
-) -> Result<(), AcceptError> {
+fn validate_row(kind: RowKind, row: usize, values: &[f32], vocab: usize) -> Result<(), AcceptError> {
     if values.len() != vocab {
-        return Err(AcceptError::RowWidth {
-            kind,
-            row,
-            expected: vocab,
-            got: values.len(),
-        });
+        return Err(AcceptError::RowWidth { kind, row, expected: vocab, got: values.len() });
     }
     let mut sum = 0.0f64;
     for (token, &value) in values.iter().enumerate() {
         if !value.is_finite() || value < 0.0 {
-            return Err(AcceptError::InvalidProbability {
-                kind,
-                row,
-                token,
-                value,
-            });
+            return Err(AcceptError::InvalidProbability { kind, row, token, value });
         }
         sum += f64::from(value);
     }
@@ -418,37 +343,19 @@ mod tests {
     #[test]
     fn greedy_full_match_is_bonus() {
         let v = greedy_accept(&[1, 2, 3], &[1, 2, 3, 9]);
-        assert_eq!(
-            v,
-            Verdict {
-                accepted: 3,
-                next: NextToken::Bonus(9)
-            }
-        );
+        assert_eq!(v, Verdict { accepted: 3, next: NextToken::Bonus(9) });
         assert_eq!(v.emitted(), 4);
     }
 
     #[test]
     fn greedy_mismatch_is_recovered_argmax() {
         let v = greedy_accept(&[1, 5, 3], &[1, 2, 3, 9]);
-        assert_eq!(
-            v,
-            Verdict {
-                accepted: 1,
-                next: NextToken::Recovered(2)
-            }
-        );
+        assert_eq!(v, Verdict { accepted: 1, next: NextToken::Recovered(2) });
     }
 
     #[test]
     fn greedy_without_drafts_emits_bonus() {
-        assert_eq!(
-            greedy_accept(&[], &[7]),
-            Verdict {
-                accepted: 0,
-                next: NextToken::Bonus(7)
-            }
-        );
+        assert_eq!(greedy_accept(&[], &[7]), Verdict { accepted: 0, next: NextToken::Bonus(7) });
     }
 
     #[test]
@@ -463,21 +370,9 @@ mod tests {
         let p: &[f32] = &[0.0, 0.25, 0.75];
         let q: &[f32] = &[1.0, 0.0, 0.0];
         let v = speculative_sample(&[0], &[q], &[p, p], &mut fixed(vec![0.0, 0.2])).unwrap();
-        assert_eq!(
-            v,
-            Verdict {
-                accepted: 0,
-                next: NextToken::Recovered(1)
-            }
-        );
+        assert_eq!(v, Verdict { accepted: 0, next: NextToken::Recovered(1) });
         let v = speculative_sample(&[0], &[q], &[p, p], &mut fixed(vec![0.999, 0.3])).unwrap();
-        assert_eq!(
-            v,
-            Verdict {
-                accepted: 0,
-                next: NextToken::Recovered(2)
-            }
-        );
+        assert_eq!(v, Verdict { accepted: 0, next: NextToken::Recovered(2) });
     }
 
     #[test]
@@ -486,21 +381,9 @@ mod tests {
         let q: &[f32] = &[0.6, 0.4];
         // p/q at token 0 is 0.5: u = 0.49 accepts, u = 0.5 rejects.
         let v = speculative_sample(&[0], &[q], &[p, p], &mut fixed(vec![0.49, 0.9])).unwrap();
-        assert_eq!(
-            v,
-            Verdict {
-                accepted: 1,
-                next: NextToken::Bonus(1)
-            }
-        );
+        assert_eq!(v, Verdict { accepted: 1, next: NextToken::Bonus(1) });
         let v = speculative_sample(&[0], &[q], &[p, p], &mut fixed(vec![0.5, 0.9])).unwrap();
-        assert_eq!(
-            v,
-            Verdict {
-                accepted: 0,
-                next: NextToken::Recovered(1)
-            }
-        );
+        assert_eq!(v, Verdict { accepted: 0, next: NextToken::Recovered(1) });
     }
 
     #[test]
@@ -508,13 +391,7 @@ mod tests {
         let p: &[f32] = &[0.5, 0.5];
         let q: &[f32] = &[1.0, 0.0];
         let err = speculative_sample(&[1], &[q], &[p, p], &mut fixed(vec![0.0, 0.0])).unwrap_err();
-        assert_eq!(
-            err,
-            AcceptError::ZeroDraftProbability {
-                position: 0,
-                token: 1
-            }
-        );
+        assert_eq!(err, AcceptError::ZeroDraftProbability { position: 0, token: 1 });
     }
 
     #[test]
@@ -525,53 +402,27 @@ mod tests {
         let mut u = fixed(vec![]);
         assert!(matches!(
             speculative_sample(&[0], &[], &[p, p], &mut u),
-            Err(AcceptError::RowCount {
-                kind: RowKind::Draft,
-                expected: 1,
-                got: 0
-            })
+            Err(AcceptError::RowCount { kind: RowKind::Draft, expected: 1, got: 0 })
         ));
         assert!(matches!(
             speculative_sample(&[0], &[p], &[p], &mut u),
-            Err(AcceptError::RowCount {
-                kind: RowKind::Target,
-                expected: 2,
-                got: 1
-            })
+            Err(AcceptError::RowCount { kind: RowKind::Target, expected: 2, got: 1 })
         ));
         assert!(matches!(
             speculative_sample(&[0], &[bad], &[p, p], &mut u),
-            Err(AcceptError::RowSum {
-                kind: RowKind::Draft,
-                row: 0,
-                ..
-            })
+            Err(AcceptError::RowSum { kind: RowKind::Draft, row: 0, .. })
         ));
         assert!(matches!(
             speculative_sample(&[0], &[p], &[p, neg], &mut u),
-            Err(AcceptError::InvalidProbability {
-                kind: RowKind::Target,
-                row: 1,
-                token: 1,
-                ..
-            })
+            Err(AcceptError::InvalidProbability { kind: RowKind::Target, row: 1, token: 1, .. })
         ));
         assert!(matches!(
             speculative_sample(&[2], &[p], &[p, p], &mut u),
-            Err(AcceptError::TokenOutOfVocab {
-                position: 0,
-                token: 2,
-                vocab: 2
-            })
+            Err(AcceptError::TokenOutOfVocab { position: 0, token: 2, vocab: 2 })
         ));
         assert!(matches!(
             speculative_sample(&[0], &[&[1.0, 0.0, 0.0]], &[p, p], &mut u),
-            Err(AcceptError::RowWidth {
-                kind: RowKind::Draft,
-                row: 0,
-                expected: 2,
-                got: 3
-            })
+            Err(AcceptError::RowWidth { kind: RowKind::Draft, row: 0, expected: 2, got: 3 })
         ));
         assert!(matches!(
             speculative_sample(&[0], &[p], &[p, p], &mut || 1.0),

@@ -1,6 +1,6 @@
 //! A drafter's context K/V: per drafter layer, the keys and values of the committed context
 //! rows, in a growing buffer (gemma4's `KvCache`). A commit appends the new rows; a draft writes
-//! its block rows after the context, attends over [context; block] and trims them off again.
+//! its block rows after the context, attends over `[context; block]` and trims them off again.
 //! So a round neither re-projects nor copies the context, and only committed rows (anchor plus
 //! accepted drafts) ever stay.
 
@@ -10,7 +10,7 @@ use mlx_core::Array;
 
 use crate::error::{Error, Result};
 
-/// One layer's keys and values // [1, heads, L, hd] each.
+/// One layer's keys and values // `[1, heads, L, hd]` each.
 #[derive(Clone, Debug)]
 pub struct LayerKv {
     pub k: Array,
@@ -47,7 +47,11 @@ impl ContextCache {
             return Ok(());
         }
         if kv.len() != self.layers.len() {
-            return Err(Error::Contract(format!("context append: {} layers of K/V for {} layers", kv.len(), self.layers.len())));
+            return Err(Error::Contract(format!(
+                "context append: {} layers of K/V for {} layers",
+                kv.len(),
+                self.layers.len()
+            )));
         }
         for (i, l) in kv.iter().enumerate() {
             if let Err(e) = self.layers[i].update_and_fetch(&l.k, &l.v) {
@@ -61,10 +65,11 @@ impl ContextCache {
         Ok(())
     }
 
-    /// Layer `i`'s [context; block] K/V for one attention call // [1, heads, len+γ, hd]; the
+    /// Layer `i`'s `[context; block]` K/V for one attention call // `[1, heads, len+γ, hd]`; the
     /// block rows leave the cache again before this returns.
     pub fn with_block(&mut self, i: usize, block: &LayerKv) -> Result<(Array, Array)> {
-        let cache = self.layers.get_mut(i).ok_or_else(|| Error::Contract(format!("no context cache for drafter layer {i}")))?;
+        let cache =
+            self.layers.get_mut(i).ok_or_else(|| Error::Contract(format!("no context cache for drafter layer {i}")))?;
         let kv = cache.update_and_fetch(&block.k, &block.v)?;
         cache.trim(block.k.dim(2).unwrap_or(0) as usize)?;
         Ok(kv)

@@ -79,7 +79,7 @@ pub struct SpecOutput {
 #[derive(Clone, Debug)]
 pub struct Prefilled {
     cache: Cache,
-    /// Tapped rows of the committed prompt tokens // [1, L−1, m·H]
+    /// Tapped rows of the committed prompt tokens // `[1, L−1, m·H]`
     ctx: Option<Array>,
     taps: TapSet,
     pending: u32,
@@ -104,7 +104,10 @@ pub fn prefill(target: &Model, taps: &TapSet, prompt: &[u32], step: usize) -> Re
         return Err(Error::Settings { field: "prompt", detail: "the prompt is empty".into() });
     };
     if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(Error::Settings { field: "prompt", detail: format!("token id {bad} is outside the vocabulary of {vocab}") });
+        return Err(Error::Settings {
+            field: "prompt",
+            detail: format!("token id {bad} is outside the vocabulary of {vocab}"),
+        });
     }
     let t0 = Instant::now();
     let mut cache = target.new_cache();
@@ -123,11 +126,12 @@ pub fn prefill(target: &Model, taps: &TapSet, prompt: &[u32], step: usize) -> Re
     }
     let ctx = if rows.is_empty() {
         // A one-token prompt commits nothing: an empty context of the right width.
-        (!taps.is_empty()).then(|| {
-            let width = (taps.points().len() * target.config().hidden_size) as i32;
-            Array::zeros(&[1, 0, width], target.dtype())
-        })
-        .transpose()?
+        (!taps.is_empty())
+            .then(|| {
+                let width = (taps.points().len() * target.config().hidden_size) as i32;
+                Array::zeros(&[1, 0, width], target.dtype())
+            })
+            .transpose()?
     } else {
         Some(concatenate(&rows, 1)?)
     };
@@ -215,14 +219,32 @@ pub fn decode_from(
         let proposal = if max_drafts == 0 {
             None
         } else {
-            let sampling = if greedy { DraftSampling::Greedy } else { DraftSampling::Sample { cfg: &cfg.sampler, keys: &mut keys } };
-            let req = DraftRequest { anchor: &anchor, position: cache.offset(), max_drafts, sampling, target, target_cache: &cache };
+            let sampling = if greedy {
+                DraftSampling::Greedy
+            } else {
+                DraftSampling::Sample { cfg: &cfg.sampler, keys: &mut keys }
+            };
+            let req = DraftRequest {
+                anchor: &anchor,
+                position: cache.offset(),
+                max_drafts,
+                sampling,
+                target,
+                target_cache: &cache,
+            };
             let mut p = drafter.propose(req)?;
             if p.is_empty() || p.len() > max_drafts {
-                return Err(Error::Contract(format!("{} returned {} drafts (asked for 1..={max_drafts})", drafter.name(), p.len())));
+                return Err(Error::Contract(format!(
+                    "{} returned {} drafts (asked for 1..={max_drafts})",
+                    drafter.name(),
+                    p.len()
+                )));
             }
             if !greedy && p.logits.is_none() {
-                return Err(Error::Contract(format!("{} gave no draft logits; sampled verification needs q", drafter.name())));
+                return Err(Error::Contract(format!(
+                    "{} gave no draft logits; sampled verification needs q",
+                    drafter.name()
+                )));
             }
             if let (Some(th), Some(conf)) = (&thresholds, &p.confidence) {
                 let c = conf.to_f32_vec()?;
@@ -264,7 +286,11 @@ pub fn decode_from(
             (tokens.len() >= cfg.max_tokens).then_some(FinishReason::Length)
         };
         stats.record_round(d, verdict.accepted);
-        conf_samples.extend(round_conf.iter().enumerate().map(|(pos, &conf)| ConfSample { pos, conf, accepted: pos < verdict.accepted }));
+        conf_samples.extend(round_conf.iter().enumerate().map(|(pos, &conf)| ConfSample {
+            pos,
+            conf,
+            accepted: pos < verdict.accepted,
+        }));
         for &t in &verdict.drafts[..verdict.accepted] {
             if let Some(f) = emit(t, &mut tokens) {
                 break 'rounds f;

@@ -31,7 +31,7 @@ impl DraftSampling<'_> {
 
 /// One proposal request.
 pub struct DraftRequest<'a> {
-    /// The anchor token // [1] uint32, on the device.
+    /// The anchor token // `[1]` uint32, on the device.
     pub anchor: &'a Array,
     /// The anchor's absolute position (= committed context length).
     pub position: usize,
@@ -47,12 +47,12 @@ pub struct DraftRequest<'a> {
 /// What a drafter proposes.
 #[derive(Clone, Debug)]
 pub struct Proposal {
-    /// Draft tokens // [d] uint32
+    /// Draft tokens // `[d]` uint32
     pub tokens: Array,
-    /// The logits each draft was drawn from, before any filtering // [d, V] f32. Required
+    /// The logits each draft was drawn from, before any filtering // `[d, V]` f32. Required
     /// under sampling (they define q), optional under greedy.
     pub logits: Option<Array>,
-    /// Per-position confidence in (0, 1) // [d] f32, if the drafter has a confidence head.
+    /// Per-position confidence in (0, 1) // `[d]` f32, if the drafter has a confidence head.
     pub confidence: Option<Array>,
 }
 
@@ -84,7 +84,7 @@ pub trait Drafter {
     fn name(&self) -> String;
     /// The largest block the drafter can propose (γ).
     fn gamma(&self) -> usize;
-    /// The target hidden states the drafter reads, concatenated on features // [.., m·H].
+    /// The target hidden states the drafter reads, concatenated on features // `[.., m·H]`.
     /// Empty when the drafter reads no target context.
     fn taps(&self) -> TapSet;
     /// Calibrated per-position confidence thresholds, if the checkpoint has them.
@@ -92,12 +92,12 @@ pub trait Drafter {
         None
     }
     /// Starts a request: `ctx` holds the tapped rows of the prompt's committed tokens
-    /// // [1, L, m·H] (None when `taps()` is empty).
+    /// // `[1, L, m·H]` (None when `taps()` is empty).
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()>;
     /// Committed context rows the drafter holds (must equal the target cache's offset).
     fn context_len(&self) -> usize;
     /// Proposes drafts after the anchor.
     fn propose(&mut self, req: DraftRequest<'_>) -> Result<Proposal>;
-    /// Appends the tapped rows of the anchor and the accepted drafts // [1, k, m·H].
+    /// Appends the tapped rows of the anchor and the accepted drafts // `[1, k, m·H]`.
     fn commit(&mut self, rows: Option<&Array>, k: usize) -> Result<()>;
 }

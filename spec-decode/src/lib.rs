@@ -10,16 +10,16 @@ pub mod decode;
 pub mod deepspec;
 pub mod drafter;
 pub mod dspark;
-pub mod loader;
 mod error;
+pub mod loader;
 pub mod oracle;
 pub mod probs;
 pub mod schedule;
 pub mod stats;
 pub mod verify;
 
-pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 pub use decode::{decode_from, prefill, speculative_generate, FinishReason, Prefilled, SpecConfig, SpecOutput};
+pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 pub use error::{Error, Result};
 pub use schedule::Pruning;
 pub use stats::SpecStats;

@@ -11,8 +11,8 @@ use gemma4::TextConfig;
 use serde_json::Value;
 
 use crate::deepspec::{DeepSpecDrafter, ARCHITECTURE};
-use crate::dspark::DSparkDrafter;
 use crate::drafter::Drafter;
+use crate::dspark::DSparkDrafter;
 use crate::error::{Error, Result};
 
 /// The checkpoint kinds this crate loads.
@@ -32,7 +32,10 @@ pub fn detect(dir: &Path) -> Result<DrafterKind> {
     }
     let config = dir.join("config.json");
     if !config.is_file() {
-        return Err(Error::checkpoint(dir, "neither dspark.json (DSpark) nor config.json (DeepSpec) found — not a drafter checkpoint"));
+        return Err(Error::checkpoint(
+            dir,
+            "neither dspark.json (DSpark) nor config.json (DeepSpec) found — not a drafter checkpoint",
+        ));
     }
     let text = std::fs::read_to_string(&config).map_err(|source| Error::Io { path: config.clone(), source })?;
     let v: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&config, format!("invalid JSON: {e}")))?;

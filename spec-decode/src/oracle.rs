@@ -53,9 +53,9 @@ impl Drafter for SelfDrafter {
             // Stepwise, like the verify, so the proposals are exactly plain greedy's tokens.
             let h = req.target.forward_stepwise(&tok, &mut cache, None)?.hidden.squeeze(1)?; // [1, H]
             let l = req.target.logits_from_hidden(&h)?; // [1, V]
-            // Under sampling q must be the law the draft is drawn from: draw from the same f32
-            // logits the verifier reads as q (drawing from bf16 logits would bias it). Greedy
-            // picks as plain decoding does, from the target-dtype logprobs.
+                                                        // Under sampling q must be the law the draft is drawn from: draw from the same f32
+                                                        // logits the verifier reads as q (drawing from bf16 logits would bias it). Greedy
+                                                        // picks as plain decoding does, from the target-dtype logprobs.
             let lf = l.astype(Dtype::F32)?;
             let t = match &mut sampling {
                 DraftSampling::Greedy => gemma4::sampling::logprobs(&l)?.argmax(-1, false)?,

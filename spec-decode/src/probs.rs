@@ -9,19 +9,19 @@ use mlx_core::{Array, Dtype};
 
 use crate::error::Result;
 
-/// Processed logits (temperature applied, filtered tokens at -inf) in f32 // [.., V]
+/// Processed logits (temperature applied, filtered tokens at -inf) in f32 // `[.., V]`
 pub fn processed_logits(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
     let lp = filter(&logprobs(logits)?, cfg)?;
     let t = if cfg.temperature > 0.0 { cfg.temperature } else { 1.0 };
     Ok(lp.mul_scalar(1.0 / t)?.astype(Dtype::F32)?)
 }
 
-/// The distribution a sampler draws from // [.., V] f32
+/// The distribution a sampler draws from // `[.., V]` f32
 pub fn probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
     Ok(processed_logits(logits, cfg)?.softmax(&[-1], true)?)
 }
 
-/// Draws one token per row from the processed distribution // [.., V] -> [..] uint32
+/// Draws one token per row from the processed distribution // `[.., V]` -> [..] uint32
 pub fn sample(logits: &Array, cfg: &SamplerConfig, key: &Array) -> Result<Array> {
     Ok(categorical(&processed_logits(logits, cfg)?, -1, key)?)
 }

@@ -30,7 +30,9 @@ impl Pruning {
     pub fn resolve(&self, calibrated: Option<Vec<f32>>, gamma: usize) -> Result<Option<Vec<f32>>> {
         let check = |v: &[f32]| -> Result<()> {
             match v.iter().find(|t| !(0.0..=1.0).contains(*t)) {
-                Some(t) => Err(Error::Settings { field: "pruning", detail: format!("threshold {t} is outside [0, 1]") }),
+                Some(t) => {
+                    Err(Error::Settings { field: "pruning", detail: format!("threshold {t} is outside [0, 1]") })
+                }
                 None => Ok(()),
             }
         };
@@ -47,7 +49,9 @@ impl Pruning {
             Pruning::Calibrated => {
                 let v = calibrated.ok_or_else(|| Error::Settings {
                     field: "pruning",
-                    detail: "the drafter checkpoint has no calibrated thresholds (config.sts); use a min confidence instead".into(),
+                    detail:
+                        "the drafter checkpoint has no calibrated thresholds (config.sts); use a min confidence instead"
+                            .into(),
                 })?;
                 check(&v)?;
                 Some(v)
@@ -83,7 +87,11 @@ mod tests {
         assert!(Pruning::Calibrated.resolve(None, 4).is_err());
         assert_eq!(Pruning::Calibrated.resolve(Some(vec![0.0, 0.4]), 4).unwrap(), Some(vec![0.0, 0.4]));
         assert!(Pruning::MinConf(1.5).resolve(None, 4).is_err());
-        assert_eq!(Pruning::MinConf(0.5).resolve(None, 100).unwrap(), Some(vec![0.5; 100]), "every position of a long block prunes");
+        assert_eq!(
+            Pruning::MinConf(0.5).resolve(None, 100).unwrap(),
+            Some(vec![0.5; 100]),
+            "every position of a long block prunes"
+        );
         assert_eq!(Pruning::Off.resolve(Some(vec![0.3]), 4).unwrap(), None);
     }
 }

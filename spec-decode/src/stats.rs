@@ -91,7 +91,9 @@ impl SpecStats {
         self.drafted += o.drafted;
         self.accepted += o.accepted;
         self.rounds += o.rounds;
-        for (mine, theirs) in [(&mut self.drafted_by_pos, &o.drafted_by_pos), (&mut self.accepted_by_pos, &o.accepted_by_pos)] {
+        for (mine, theirs) in
+            [(&mut self.drafted_by_pos, &o.drafted_by_pos), (&mut self.accepted_by_pos, &o.accepted_by_pos)]
+        {
             if mine.len() < theirs.len() {
                 mine.resize(theirs.len(), 0);
             }
@@ -105,7 +107,12 @@ impl SpecStats {
 
     /// Per-position acceptance, `accepted/drafted` for block positions 0, 1, ….
     pub fn by_position(&self) -> String {
-        self.accepted_by_pos.iter().zip(&self.drafted_by_pos).map(|(a, d)| format!("{a}/{d}")).collect::<Vec<_>>().join(" ")
+        self.accepted_by_pos
+            .iter()
+            .zip(&self.drafted_by_pos)
+            .map(|(a, d)| format!("{a}/{d}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// One line for logs.

@@ -32,8 +32,13 @@ pub(crate) struct Judged {
 
 /// Greedy verification: drafts and the target's picks (argmax of the logprobs, plain greedy's
 /// rule) come back in one read; the verdict is the longest matching prefix, then the pick after
-/// it. `logits` // [d+1, V]
-pub(crate) fn greedy_verdict(logits: &Array, proposal: Option<&Proposal>, rule: VerifyRule, stats: &mut SpecStats) -> Result<Judged> {
+/// it. `logits` // `[d+1, V]`
+pub(crate) fn greedy_verdict(
+    logits: &Array,
+    proposal: Option<&Proposal>,
+    rule: VerifyRule,
+    stats: &mut SpecStats,
+) -> Result<Judged> {
     let picks = logprobs(logits)?.argmax(-1, false)?.astype(Dtype::U32)?; // [d+1]
     let d = proposal.map_or(0, |p| p.len());
     let both = match proposal {
@@ -54,14 +59,14 @@ pub(crate) fn greedy_verdict(logits: &Array, proposal: Option<&Proposal>, rule: 
 }
 
 /// Per draft, whether it is accepted given one uniform `u` in [0, 1): `u·q(x) < p(x)`, which
-/// holds with probability min(1, p(x)/q(x)). All [d] f32 (flags: bool).
+/// holds with probability min(1, p(x)/q(x)). All `[d]` f32 (flags: bool).
 pub fn accept_flags(u: &Array, px: &Array, qx: &Array) -> Result<Array> {
     Ok(u.multiply(qx)?.less(px)?)
 }
 
 /// Log-weights of each row's residual normalize(max(p − q, 0)), or of p itself where that
 /// mass is (numerically) zero, i.e. where p ≤ q everywhere and a rejection cannot happen.
-/// `p`, `q` // [d, V] f32 probabilities -> [d, V] f32 (−inf off the support)
+/// `p`, `q` // `[d, V]` f32 probabilities -> `[d, V]` f32 (−inf off the support)
 pub fn residual_logits(p: &Array, q: &Array) -> Result<Array> {
     let res = p.subtract(q)?.maximum_scalar(0.0)?;
     let empty = res.sum(&[-1], true)?.less_equal_scalar(RESIDUAL_MASS_EPSILON)?;
@@ -71,7 +76,7 @@ pub fn residual_logits(p: &Array, q: &Array) -> Result<Array> {
 /// Speculative sampling with every random draw made on the device: per position k the accept
 /// flag and a residual draw, plus the bonus draw from p_d, read back in one transfer. The host
 /// takes the first rejected position's residual draw, or the bonus if none was rejected.
-/// `logits` // [d+1, V]
+/// `logits` // `[d+1, V]`
 pub(crate) fn sampled_verdict(
     logits: &Array,
     proposal: Option<&Proposal>,

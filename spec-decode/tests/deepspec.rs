@@ -62,7 +62,7 @@ impl Fx {
         DeepSpecDrafter::load(dir, &self.cfg).expect("load drafter")
     }
 
-    /// Tapped rows of `ids` // [1, L, taps·H] bf16
+    /// Tapped rows of `ids` // `[1, L, taps·H]` bf16
     fn rows(&self, taps: &TapSet, ids: &[u32]) -> Array {
         let ids = Array::from_slice(ids, &[1, ids.len() as i32]).unwrap();
         self.model.forward_tapped(&ids, None, taps).unwrap().taps.expect("taps")
@@ -83,7 +83,16 @@ fn greedy(d: &mut DeepSpecDrafter, id: u32, pos: usize, n: usize) -> Proposal {
 
 /// max |a| over all elements.
 fn max_abs(a: &Array) -> f32 {
-    a.astype(Dtype::F32).unwrap().abs().unwrap().reshape(&[-1]).unwrap().max(&[0], false).unwrap().item::<f32>().unwrap()
+    a.astype(Dtype::F32)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .reshape(&[-1])
+        .unwrap()
+        .max(&[0], false)
+        .unwrap()
+        .item::<f32>()
+        .unwrap()
 }
 
 fn u32s(a: &Array) -> Vec<u32> {
@@ -148,7 +157,11 @@ fn load_round_trip_and_trait_propose() {
     let mut d = fx.load(&dir);
     assert_eq!(d.name(), "deepspec");
     assert_eq!(d.gamma(), 5);
-    assert_eq!(d.taps(), TapSet::new([TapPoint::Layer(1), TapPoint::Layer(3), TapPoint::FinalNorm]), "the last target layer is read after the final norm (HF hidden_states)");
+    assert_eq!(
+        d.taps(),
+        TapSet::new([TapPoint::Layer(1), TapPoint::Layer(3), TapPoint::FinalNorm]),
+        "the last target layer is read after the final norm (HF hidden_states)"
+    );
     assert_eq!(d.thresholds(), None);
     let c = d.config();
     assert_eq!((c.hidden_size, c.vocab_size, c.num_hidden_layers, c.head_dim, c.num_kv_heads), (128, 512, 2, 32, 1));
@@ -162,7 +175,14 @@ fn load_round_trip_and_trait_propose() {
     let cache = fx.model.new_cache();
     let a = anchor(42);
     let p = d
-        .propose(DraftRequest { anchor: &a, position: 6, max_drafts: 5, sampling: DraftSampling::Greedy, target: &fx.model, target_cache: &cache })
+        .propose(DraftRequest {
+            anchor: &a,
+            position: 6,
+            max_drafts: 5,
+            sampling: DraftSampling::Greedy,
+            target: &fx.model,
+            target_cache: &cache,
+        })
         .unwrap();
     assert_eq!((p.len(), p.tokens.dtype()), (5, Dtype::U32));
     let logits = p.logits.as_ref().unwrap();
@@ -203,16 +223,29 @@ fn refused(fx: &Fx, name: &str, edit: impl FnOnce(&Path)) -> String {
 #[test]
 fn config_refusals_name_file_and_key() {
     let fx = fixture("refuse-config");
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>, &str)> = vec![
-        ("arch", Box::new(|m| drop(m.insert("architectures".into(), json!(["Gemma4ForCausalLM"])))), "Gemma4DSparkModel"),
+    type Edit = Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "arch",
+            Box::new(|m| drop(m.insert("architectures".into(), json!(["Gemma4ForCausalLM"])))),
+            "Gemma4DSparkModel",
+        ),
         ("keqv", Box::new(|m| drop(m.insert("attention_k_eq_v".into(), json!(false)))), "attention_k_eq_v=false"),
         ("gated", Box::new(|m| drop(m.insert("markov_head_type".into(), json!("gated")))), "markov_head_type"),
         ("act", Box::new(|m| drop(m.insert("hidden_activation".into(), json!("gelu")))), "hidden_activation"),
         ("noblock", Box::new(|m| drop(m.remove("block_size"))), "block_size"),
         ("notaps", Box::new(|m| drop(m.insert("target_layer_ids".into(), json!([])))), "target_layer_ids"),
-        ("gqa", Box::new(|m| drop(m.insert("num_global_key_value_heads".into(), json!(3)))), "num_global_key_value_heads"),
+        (
+            "gqa",
+            Box::new(|m| drop(m.insert("num_global_key_value_heads".into(), json!(3)))),
+            "num_global_key_value_heads",
+        ),
         ("mask", Box::new(|m| drop(m.insert("mask_token_id".into(), json!(512)))), "mask_token_id"),
-        ("rope", Box::new(|m| drop(m.insert("rope_parameters".into(), json!({"full_attention": {"rope_type": "yarn"}})))), "rope_type"),
+        (
+            "rope",
+            Box::new(|m| drop(m.insert("rope_parameters".into(), json!({"full_attention": {"rope_type": "yarn"}})))),
+            "rope_type",
+        ),
     ];
     for (name, f, want) in cases {
         let msg = refused(&fx, name, |dir| edit_config(dir, f));
@@ -225,7 +258,8 @@ fn target_mismatches_are_incompatible() {
     let fx = fixture("refuse-target");
     let msg = refused(&fx, "depth", |dir| edit_config(dir, |m| drop(m.insert("num_target_layers".into(), json!(5)))));
     assert!(msg.contains("5-layer target") && msg.contains("6 layers"), "{msg}");
-    let msg = refused(&fx, "tap", |dir| edit_config(dir, |m| drop(m.insert("target_layer_ids".into(), json!([1, 3, 6])))));
+    let msg =
+        refused(&fx, "tap", |dir| edit_config(dir, |m| drop(m.insert("target_layer_ids".into(), json!([1, 3, 6])))));
     assert!(msg.contains("layer 6 is out of range"), "{msg}");
     let msg = refused(&fx, "fc", |dir| edit_config(dir, |m| drop(m.insert("target_layer_ids".into(), json!([1, 3])))));
     assert!(msg.contains("fc.weight takes 384 features"), "{msg}");
@@ -233,11 +267,11 @@ fn target_mismatches_are_incompatible() {
     let dir = fx.drafter_dir("dims", &SyntheticDeepSpec::default());
     let mut other = fx.cfg.clone();
     other.hidden_size = 64;
-    let msg = DeepSpecDrafter::load(&dir, &other).err().expect("hidden mismatch").to_string();
+    let msg = DeepSpecDrafter::load(&dir, &other).map(drop).expect_err("hidden mismatch").to_string();
     assert!(msg.contains("hidden_size 128 != target hidden_size 64"), "{msg}");
     let mut other = fx.cfg.clone();
     other.vocab_size = 1024;
-    let msg = DeepSpecDrafter::load(&dir, &other).err().expect("vocab mismatch").to_string();
+    let msg = DeepSpecDrafter::load(&dir, &other).map(drop).expect_err("vocab mismatch").to_string();
     assert!(msg.contains("vocab_size 512 != target vocab_size 1024"), "{msg}");
 }
 
@@ -247,11 +281,15 @@ fn tensor_refusals_name_the_tensor() {
     let msg = refused(&fx, "missing", |dir| edit_tensors(dir, |t| drop(t.remove("layers.1.self_attn.k_norm.weight"))));
     assert!(msg.contains("missing tensor") && msg.contains("layers.1.self_attn.k_norm.weight"), "{msg}");
     let msg = refused(&fx, "shape", |dir| {
-        edit_tensors(dir, |t| drop(t.insert("layers.0.self_attn.q_norm.weight".into(), Array::ones(&[16], Dtype::Bf16).unwrap())))
+        edit_tensors(dir, |t| {
+            drop(t.insert("layers.0.self_attn.q_norm.weight".into(), Array::ones(&[16], Dtype::Bf16).unwrap()))
+        })
     });
     assert!(msg.contains("layers.0.self_attn.q_norm.weight") && msg.contains("[16]") && msg.contains("[32]"), "{msg}");
     let msg = refused(&fx, "extra", |dir| {
-        edit_tensors(dir, |t| drop(t.insert("layers.0.self_attn.v_proj.weight".into(), Array::zeros(&[32, 128], Dtype::Bf16).unwrap())))
+        edit_tensors(dir, |t| {
+            drop(t.insert("layers.0.self_attn.v_proj.weight".into(), Array::zeros(&[32, 128], Dtype::Bf16).unwrap()))
+        })
     });
     assert!(msg.contains("not used") && msg.contains("v_proj"), "{msg}");
     let msg = refused(&fx, "scales", |dir| {
@@ -265,17 +303,17 @@ fn contract_errors() {
     let fx = fixture("contract");
     let dir = fx.drafter_dir("d", &SyntheticDeepSpec::default());
     let mut d = fx.load(&dir);
-    let e = d.draft(&anchor(1), 0, 5, DraftSampling::Greedy).err().expect("before reset").to_string();
+    let e = d.draft(&anchor(1), 0, 5, DraftSampling::Greedy).expect_err("before reset").to_string();
     assert!(e.contains("before reset"), "{e}");
     assert!(d.reset(None, 0).is_err());
     let rows = fx.rows(&d.taps(), &prompt(5));
-    let e = d.reset(Some(&rows), 4).err().expect("row count").to_string();
+    let e = d.reset(Some(&rows), 4).expect_err("row count").to_string();
     assert!(e.contains("[1, 5, 384]") && e.contains("[1, 4, 384]"), "{e}");
     d.reset(Some(&rows), 5).unwrap();
-    let e = d.draft(&anchor(1), 4, 5, DraftSampling::Greedy).err().expect("position").to_string();
+    let e = d.draft(&anchor(1), 4, 5, DraftSampling::Greedy).expect_err("position").to_string();
     assert!(e.contains("anchor position 4 != committed context length 5"), "{e}");
     assert!(d.draft(&anchor(1), 5, 0, DraftSampling::Greedy).is_err(), "0 drafts");
-    let e = d.commit(Some(&rows.slice_axis(2, 0, 128).unwrap()), 5).err().expect("width").to_string();
+    let e = d.commit(Some(&rows.slice_axis(2, 0, 128).unwrap()), 5).expect_err("width").to_string();
     assert!(e.contains("[1, 5, 128]"), "{e}");
     assert!(d.commit(None, 1).is_err());
     assert_eq!(d.context_len(), 5, "failed commits change nothing");
@@ -296,7 +334,9 @@ fn confidence_threshold_becomes_per_position_thresholds() {
 fn zero_markov_w2_gives_argmax_of_base_logits() {
     let fx = fixture("zero-w2");
     let dir = fx.drafter_dir("d", &SyntheticDeepSpec::default());
-    edit_tensors(&dir, |t| drop(t.insert("markov_head.markov_w2.weight".into(), Array::zeros(&[512, 16], Dtype::Bf16).unwrap())));
+    edit_tensors(&dir, |t| {
+        drop(t.insert("markov_head.markov_w2.weight".into(), Array::zeros(&[512, 16], Dtype::Bf16).unwrap()))
+    });
     let mut d = ready(&fx, &dir, 6);
     let p = greedy(&mut d, 77, 6, 5);
     let base = d.draft_block(&anchor(77), 6).unwrap().base_logits.reshape(&[5, 512]).unwrap(); // [γ, V]
@@ -321,7 +361,8 @@ fn markov_walk_matches_a_reference_walk() {
         let step = block.base_logits.slice_axis(1, k, k + 1).unwrap().reshape(&[1, 512]).unwrap().add(&bias).unwrap();
         assert_eq!(step.dtype(), Dtype::Bf16, "the Markov sum stays in the model dtype");
         let h_k = block.hidden.slice_axis(1, k, k + 1).unwrap().reshape(&[1, 128]).unwrap();
-        let z = concatenate(&[&h_k, &e1], -1).unwrap().matmul(&cw.transpose(&[1, 0]).unwrap()).unwrap().add(&cb).unwrap();
+        let z =
+            concatenate(&[&h_k, &e1], -1).unwrap().matmul(&cw.transpose(&[1, 0]).unwrap()).unwrap().add(&cb).unwrap();
         confs.push(z.astype(Dtype::F32).unwrap().sigmoid().unwrap().item::<f32>().unwrap());
         prev = step.argmax(-1, false).unwrap().item::<u32>().unwrap();
         toks.push(prev);
@@ -331,7 +372,10 @@ fn markov_walk_matches_a_reference_walk() {
     let steps = concatenate(&steps, 0).unwrap();
     assert_eq!(bits(p.logits.as_ref().unwrap()), bits(&steps), "returned logits include the Markov bias (bug 38)");
     let conf = p.confidence.unwrap().to_f32_vec().unwrap();
-    assert_eq!(conf.iter().map(|c| c.to_bits()).collect::<Vec<_>>(), confs.iter().map(|c| c.to_bits()).collect::<Vec<_>>());
+    assert_eq!(
+        conf.iter().map(|c| c.to_bits()).collect::<Vec<_>>(),
+        confs.iter().map(|c| c.to_bits()).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -368,7 +412,10 @@ fn v_is_the_unroped_weightless_norm_of_k() {
         assert_eq!(kv.v.shape(), vec![1, 1, 6, 32]);
         assert_eq!(bits(&kv.v), bits(&v_ref), "v = weightless RMSNorm of the raw k_proj output, no rope");
         assert_ne!(bits(&kv.v), bits(&kv.k), "v ≠ roped k");
-        let (k, ku) = (kv.k.astype(Dtype::F32).unwrap().to_f32_vec().unwrap(), k_unroped.astype(Dtype::F32).unwrap().to_f32_vec().unwrap());
+        let (k, ku) = (
+            kv.k.astype(Dtype::F32).unwrap().to_f32_vec().unwrap(),
+            k_unroped.astype(Dtype::F32).unwrap().to_f32_vec().unwrap(),
+        );
         // Position 0 is unrotated; at p > 0 only the first 4 pairs (32 · 0.25 = 8 dims) rotate:
         // dims j and j + 16 for j < 4; the other pairs have wavelength +∞ (identity).
         for p in 0..6 {
@@ -470,7 +517,10 @@ fn quantize_dir(dir: &Path, bits_: u32, group: u32) {
         let names: Vec<String> = t.keys().cloned().collect();
         for name in names {
             let Some(base) = name.strip_suffix(".weight") else { continue };
-            if base.starts_with("confidence_head") || t[&name].ndim() != 2 || t[&name].dim(-1).unwrap() % group as i32 != 0 {
+            if base.starts_with("confidence_head")
+                || t[&name].ndim() != 2
+                || t[&name].dim(-1).unwrap() % group as i32 != 0
+            {
                 continue;
             }
             let q = quantize(&t[&name], spec).unwrap();

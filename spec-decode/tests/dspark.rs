@@ -28,7 +28,17 @@ fn target() -> (&'static PathBuf, Model) {
 }
 
 fn cfg(gamma: usize, taps: Vec<usize>) -> DSparkConfig {
-    DSparkConfig { gamma, d_draft: 64, n_layers: 2, n_heads: 4, markov_rank: 16, ff_mult: 2, tap_layers: taps, seq_head: None, sts: None }
+    DSparkConfig {
+        gamma,
+        d_draft: 64,
+        n_layers: 2,
+        n_heads: 4,
+        markov_rank: 16,
+        ff_mult: 2,
+        tap_layers: taps,
+        seq_head: None,
+        sts: None,
+    }
 }
 
 fn tapped_rows(m: &Model, d: &dyn Drafter, ids: &[u32]) -> Array {
@@ -39,9 +49,20 @@ fn tapped_rows(m: &Model, d: &dyn Drafter, ids: &[u32]) -> Array {
 fn propose_greedy(m: &Model, d: &mut dyn Drafter, anchor: u32, pos: usize) -> (Vec<u32>, Vec<u8>, Vec<f32>) {
     let cache = m.new_cache();
     let a = Array::from_slice(&[anchor], &[1]).unwrap();
-    let req = DraftRequest { anchor: &a, position: pos, max_drafts: 4, sampling: DraftSampling::Greedy, target: m, target_cache: &cache };
+    let req = DraftRequest {
+        anchor: &a,
+        position: pos,
+        max_drafts: 4,
+        sampling: DraftSampling::Greedy,
+        target: m,
+        target_cache: &cache,
+    };
     let p = d.propose(req).unwrap();
-    (p.tokens.to_vec::<u32>().unwrap(), p.logits.unwrap().to_bytes().unwrap(), p.confidence.unwrap().to_f32_vec().unwrap())
+    (
+        p.tokens.to_vec::<u32>().unwrap(),
+        p.logits.unwrap().to_bytes().unwrap(),
+        p.confidence.unwrap().to_f32_vec().unwrap(),
+    )
 }
 
 #[test]
@@ -56,7 +77,8 @@ fn save_load_round_trip_is_bit_exact() {
     a.reset(Some(&rows), ids.len()).unwrap();
     b.reset(Some(&rows), ids.len()).unwrap();
     assert_eq!(propose_greedy(m, &mut a, 20, ids.len()), propose_greedy(m, b.as_mut(), 20, ids.len()));
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("dspark.json")).unwrap()).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("dspark.json")).unwrap()).unwrap();
     assert_eq!(json["kind"], "dspark-drafter");
     assert_eq!(json["variant"], "dspark");
     assert_eq!(json["target_id"], "tiny@128x512");
@@ -116,7 +138,8 @@ fn loader_refusals_name_the_problem() {
         let dir = scratch(name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::copy(good.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
-        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(good.join("dspark.json")).unwrap()).unwrap();
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(good.join("dspark.json")).unwrap()).unwrap();
         edit(&mut v);
         std::fs::write(dir.join("dspark.json"), v.to_string()).unwrap();
         dir
@@ -162,8 +185,13 @@ fn loader_refusals_name_the_problem() {
     // A tensor that is no parameter of the config is refused (strict load).
     let extra = copy("extra", &|_| {});
     let mut t = mlx_core::load_safetensors(&extra.join("model.safetensors")).unwrap().tensors;
-    t.insert("bb.9.q".into(), Array::zeros(&[4, 4], mlx_core::Dtype::F32).unwrap());
-    mlx_core::save_safetensors(&extra.join("model.safetensors"), t.iter().map(|(n, a)| (n.as_str(), a)), &Default::default()).unwrap();
+    t.insert("bb.9.q".into(), Array::zeros(&[4, 4], Dtype::F32).unwrap());
+    mlx_core::save_safetensors(
+        &extra.join("model.safetensors"),
+        t.iter().map(|(n, a)| (n.as_str(), a)),
+        &Default::default(),
+    )
+    .unwrap();
     let e = err_text(load_drafter(&extra, m.config()));
     assert!(e.contains("unexpected tensor \"bb.9.q\""), "{e}");
     // A target model passed as a drafter is pointed the right way.
@@ -185,12 +213,23 @@ fn calibration_is_stored_and_used_for_pruning() {
     write_calibration(&dir, &cal, false).unwrap();
     let e = write_calibration(&dir, &cal, false).unwrap_err().to_string();
     assert!(e.contains("--force"), "{e}");
-    assert!(write_calibration(&dir, &Calibration { thresholds: vec![0.0], ..cal.clone() }, true).is_err(), "length must be γ");
+    assert!(
+        write_calibration(&dir, &Calibration { thresholds: vec![0.0], ..cal.clone() }, true).is_err(),
+        "length must be γ"
+    );
     let mut loaded = load_drafter(&dir, m.config()).unwrap();
     assert_eq!(loaded.thresholds(), Some(cal.thresholds.clone()));
     // Thresholds of 1.0 past position 0 keep exactly one draft per round.
     let p: Vec<u32> = (4..12).collect();
-    let sc = SpecConfig { gamma: 4, max_tokens: 24, sampler: Default::default(), seed: 0, stop_tokens: vec![], prefill_step: 2048, pruning: Pruning::Calibrated };
+    let sc = SpecConfig {
+        gamma: 4,
+        max_tokens: 24,
+        sampler: Default::default(),
+        seed: 0,
+        stop_tokens: vec![],
+        prefill_step: 2048,
+        pruning: Pruning::Calibrated,
+    };
     let out = speculative_generate(m, loaded.as_mut(), &p, &sc, |_| {}).unwrap();
     assert!(out.stats.drafted <= out.stats.rounds, "at most one draft per round: {}", out.stats.summary());
     assert!(out.stats.drafted_by_pos.len() <= 1, "{:?}", out.stats.drafted_by_pos);

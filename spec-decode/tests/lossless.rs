@@ -42,7 +42,15 @@ fn small_dspark(model: &Model, gamma: usize) -> DSparkDrafter {
 }
 
 fn spec_cfg(gamma: usize, max: usize, pruning: Pruning) -> SpecConfig {
-    SpecConfig { gamma, max_tokens: max, sampler: Default::default(), seed: 0, stop_tokens: vec![], prefill_step: 2048, pruning }
+    SpecConfig {
+        gamma,
+        max_tokens: max,
+        sampler: Default::default(),
+        seed: 0,
+        stop_tokens: vec![],
+        prefill_step: 2048,
+        pruning,
+    }
 }
 
 #[test]
@@ -82,5 +90,9 @@ fn sampled_spec_is_seeded_and_reproducible() {
     assert_eq!(a.tokens, b.tokens, "same seed, same tokens");
     assert_ne!(a.tokens, c.tokens, "another seed draws other tokens");
     assert_eq!(a.tokens.len(), 48);
-    assert!(a.stats.host_syncs <= a.stats.rounds, "at most one host sync per round without pruning: {}", a.stats.summary());
+    assert!(
+        a.stats.host_syncs <= a.stats.rounds,
+        "at most one host sync per round without pruning: {}",
+        a.stats.summary()
+    );
 }

@@ -5,12 +5,10 @@
 //! and *float* rows (arbitrary weights normalised and rounded to f32, as a real softmax would
 //! give). Both put zeros in many rows.
 
+use mlx_core::Array;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
-use mlx_core::Array;
-use spec_decode::accept::{
-    greedy_accept, residual, speculative_sample, step_distribution, NextToken, Verdict,
-};
+use spec_decode::accept::{greedy_accept, residual, speculative_sample, step_distribution, NextToken, Verdict};
 use spec_decode::verify::{accept_flags, residual_logits};
 
 fn config() -> ProptestConfig {
@@ -46,19 +44,12 @@ fn dyadic_dist(v: usize) -> impl Strategy<Value = Vec<f32>> {
 /// A distribution over `v` tokens from arbitrary weights (about a quarter of them zero),
 /// normalised in f64 and rounded to f32.
 fn float_dist(v: usize) -> impl Strategy<Value = Vec<f32>> {
-    (
-        prop::collection::vec((any::<bool>(), any::<bool>(), 1e-6f64..1.0), v),
-        0..v,
-    )
-        .prop_map(|(entries, keep)| {
-            let weights: Vec<f64> = entries
-                .iter()
-                .enumerate()
-                .map(|(i, &(a, b, w))| if i != keep && a && b { 0.0 } else { w })
-                .collect();
-            let total: f64 = weights.iter().sum();
-            weights.iter().map(|w| (w / total) as f32).collect()
-        })
+    (prop::collection::vec((any::<bool>(), any::<bool>(), 1e-6f64..1.0), v), 0..v).prop_map(|(entries, keep)| {
+        let weights: Vec<f64> =
+            entries.iter().enumerate().map(|(i, &(a, b, w))| if i != keep && a && b { 0.0 } else { w }).collect();
+        let total: f64 = weights.iter().sum();
+        weights.iter().map(|w| (w / total) as f32).collect()
+    })
 }
 
 fn any_dist(v: usize) -> BoxedStrategy<Vec<f32>> {
@@ -97,21 +88,9 @@ fn round(q_equals_p: bool) -> impl Strategy<Value = Round> {
             prop::collection::vec(any::<usize>(), d),
         )
             .prop_map(move |(p_rows, q_free, picks)| {
-                let q_rows = if q_equals_p {
-                    p_rows[..d].to_vec()
-                } else {
-                    q_free
-                };
-                let drafts = q_rows
-                    .iter()
-                    .zip(&picks)
-                    .map(|(q, &k)| token_with_mass(q, k))
-                    .collect();
-                Round {
-                    drafts,
-                    p_rows,
-                    q_rows,
-                }
+                let q_rows = if q_equals_p { p_rows[..d].to_vec() } else { q_free };
+                let drafts = q_rows.iter().zip(&picks).map(|(q, &k)| token_with_mass(q, k)).collect();
+                Round { drafts, p_rows, q_rows }
             })
     })
 }

@@ -59,7 +59,10 @@ impl Drafter for Checked {
         self.inner.context_len()
     }
     fn propose(&mut self, req: DraftRequest<'_>) -> spec_decode::Result<Proposal> {
-        if req.position != self.inner.context_len() || req.position != self.committed || req.target_cache.offset() != req.position {
+        if req.position != self.inner.context_len()
+            || req.position != self.committed
+            || req.target_cache.offset() != req.position
+        {
             self.log.borrow_mut().push(format!(
                 "propose at {} with context {} (committed {}, cache {})",
                 req.position,

@@ -59,7 +59,8 @@ pub fn random_dspark(target: &TextConfig, gamma: usize, n_layers: usize, seed: u
 /// A DSpark drafter fitted by counting the target's greedy bigrams on 8 prompts (not the gate's).
 fn fitted_dspark(model: &Model) -> Result<DSparkDrafter> {
     let v = model.config().vocab_size as u32;
-    let prompts: Vec<Vec<u32>> = (0..8u32).map(|i| prompt(6, v).iter().map(|x| 4 + (x + i * 53) % (v - 4)).collect()).collect();
+    let prompts: Vec<Vec<u32>> =
+        (0..8u32).map(|i| prompt(6, v).iter().map(|x| 4 + (x + i * 53) % (v - 4)).collect()).collect();
     Ok(fit_bigram_drafter(model, "tiny", &prompts, 64, 7)?)
 }
 
@@ -102,18 +103,41 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
         let mut target_accepted = 0;
         let model = Model::load(&t.dir).with_context(|| format!("loading {}", t.dir.display()))?;
         let p = prompt(21, model.config().vocab_size as u32);
-        let plain = generate(&model, &p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?.tokens;
+        let plain =
+            generate(&model, &p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?
+                .tokens;
         let cfg = model.config();
         let n = cfg.num_hidden_layers;
-        let ds_opts = SyntheticDeepSpec { block_size: 7, target_layer_ids: vec![1, n / 2, n - 1], ..SyntheticDeepSpec::default() };
-        let ds_dir = write_synthetic_deepspec(&root.join(format!("deepspec-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))), cfg, &ds_opts)?;
+        let ds_opts = SyntheticDeepSpec {
+            block_size: 7,
+            target_layer_ids: vec![1, n / 2, n - 1],
+            ..SyntheticDeepSpec::default()
+        };
+        let ds_dir = write_synthetic_deepspec(
+            &root.join(format!("deepspec-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))),
+            cfg,
+            &ds_opts,
+        )?;
         let fitted = fitted_dspark(&model)?;
-        let fitted_dir = fitted.save(&root.join(format!("fitted-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))), true)?;
+        let fitted_dir = fitted
+            .save(&root.join(format!("fitted-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))), true)?;
         for gamma in [1usize, 3, 7] {
             let mut drafters: Vec<(String, Box<dyn Drafter>, Vec<Pruning>)> = vec![
-                ("dspark (random init)".into(), Box::new(random_dspark(cfg, 7, 2, 7)?), vec![Pruning::Off, Pruning::MinConf(0.5)]),
-                ("dspark (bigram-fitted)".into(), Box::new(DSparkDrafter::load(&fitted_dir, cfg)?), vec![Pruning::Off, Pruning::MinConf(0.3)]),
-                ("deepspec (synthetic)".into(), Box::new(DeepSpecDrafter::load(&ds_dir, cfg)?), vec![Pruning::Off, Pruning::MinConf(0.5)]),
+                (
+                    "dspark (random init)".into(),
+                    Box::new(random_dspark(cfg, 7, 2, 7)?),
+                    vec![Pruning::Off, Pruning::MinConf(0.5)],
+                ),
+                (
+                    "dspark (bigram-fitted)".into(),
+                    Box::new(DSparkDrafter::load(&fitted_dir, cfg)?),
+                    vec![Pruning::Off, Pruning::MinConf(0.3)],
+                ),
+                (
+                    "deepspec (synthetic)".into(),
+                    Box::new(DeepSpecDrafter::load(&ds_dir, cfg)?),
+                    vec![Pruning::Off, Pruning::MinConf(0.5)],
+                ),
                 ("self (target continuation)".into(), Box::new(SelfDrafter::new(7)), vec![Pruning::Off]),
             ];
             for (name, drafter, prunings) in drafters.iter_mut() {
@@ -179,7 +203,13 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
 
 fn quantize(src: &Path, bits: u32, group: u32) -> Result<PathBuf> {
     let dst = drafter_quant::default_out_dir(src, bits, group);
-    let opts = drafter_quant::QuantizeOptions { bits, group_size: group, force: true, smoke: drafter_quant::Smoke::Off, ..Default::default() };
+    let opts = drafter_quant::QuantizeOptions {
+        bits,
+        group_size: group,
+        force: true,
+        smoke: drafter_quant::Smoke::Off,
+        ..Default::default()
+    };
     Ok(drafter_quant::quantize_drafter(src, &dst, &opts, &mut |_| {})?.out_dir)
 }
 
@@ -195,18 +225,28 @@ pub fn quantized_drafters(root: &Path, tokens: usize) -> Result<()> {
         let model = Model::load(&t.dir)?;
         let cfg = model.config();
         let v = cfg.vocab_size as u32;
-        let prompts: Vec<Vec<u32>> = (0..3u32).map(|i| prompt(21, v).iter().map(|x| 4 + (x + i * 97) % (v - 4)).collect()).collect();
+        let prompts: Vec<Vec<u32>> =
+            (0..3u32).map(|i| prompt(21, v).iter().map(|x| 4 + (x + i * 97) % (v - 4)).collect()).collect();
         let plain: Vec<Vec<u32>> = prompts
             .iter()
-            .map(|p| Ok(generate(&model, p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?.tokens))
+            .map(|p| {
+                Ok(generate(&model, p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?
+                    .tokens)
+            })
             .collect::<Result<_>>()?;
         let n = cfg.num_hidden_layers;
         let tag = t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t").to_string();
-        let opts = SyntheticDeepSpec { block_size: 7, markov_rank: 64, target_layer_ids: vec![1, n / 2, n - 1], ..SyntheticDeepSpec::default() };
+        let opts = SyntheticDeepSpec {
+            block_size: 7,
+            markov_rank: 64,
+            target_layer_ids: vec![1, n / 2, n - 1],
+            ..SyntheticDeepSpec::default()
+        };
         let ds = write_synthetic_deepspec(&root.join(format!("q-deepspec-{tag}")), cfg, &opts)?;
         let fitted = fitted_dspark(&model)?.save(&root.join(format!("q-fitted-{tag}")), true)?;
         for (name, src, group) in [("dspark (bigram-fitted)", fitted, 32u32), ("deepspec (synthetic)", ds, 64u32)] {
-            let variants = [(None, src.clone()), (Some(8u32), quantize(&src, 8, group)?), (Some(4u32), quantize(&src, 4, group)?)];
+            let variants =
+                [(None, src.clone()), (Some(8u32), quantize(&src, 8, group)?), (Some(4u32), quantize(&src, 4, group)?)];
             for gamma in [3usize, 7] {
                 let mut base_tau = None;
                 for (bits, dir) in &variants {
@@ -253,7 +293,13 @@ pub fn quantized_drafters(root: &Path, tokens: usize) -> Result<()> {
 
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
-        .map(|it| it.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors")).filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .map(|it| {
+            it.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
         .unwrap_or(0)
 }
 
@@ -320,7 +366,13 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     // blocks, so both the pruned and the unpruned branch are sampled.
     let mut confs = Vec::new();
     for i in 0..200 {
-        let c = spec_cfg(3, 3, SamplerConfig { temperature: 1.0, ..Default::default() }, 7_000_000 + i, Pruning::Thresholds(vec![]));
+        let c = spec_cfg(
+            3,
+            3,
+            SamplerConfig { temperature: 1.0, ..Default::default() },
+            7_000_000 + i,
+            Pruning::Thresholds(vec![]),
+        );
         let out = decode_from(&model, &mut drafter, &pre, &c, VerifyRule::Exact, |_| {})?;
         confs.extend(out.conf_samples.iter().filter(|s| s.pos == 1).map(|s| s.conf));
     }
@@ -363,7 +415,10 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         let cut_some_not_all = two_draft_share > 0.0 && two_draft_share < 1.0;
         let unpruned_all = two_draft_share == 1.0;
         if (pruning.is_active() && !cut_some_not_all) || (!pruning.is_active() && !unpruned_all) {
-            failures.push(format!("T={temp} pruning={pruning:?}: {:.1}% of first rounds verified two drafts", 100.0 * two_draft_share));
+            failures.push(format!(
+                "T={temp} pruning={pruning:?}: {:.1}% of first rounds verified two drafts",
+                100.0 * two_draft_share
+            ));
         }
         let bins = chisq::bins(&law.joint, n);
         let gof = chisq::goodness_of_fit(&counts(&spec, v * v), &law.joint, &bins);

@@ -66,7 +66,10 @@ fn main() -> Result<()> {
             let dir = dir.unwrap_or_else(|| target_dir().join("gates"));
             std::fs::create_dir_all(&dir)?;
             let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
-            if let Some(o) = only.as_deref().filter(|o| !["greedy-parity", "quantized-drafters", "distribution-equality"].contains(o)) {
+            if let Some(o) = only
+                .as_deref()
+                .filter(|o| !["greedy-parity", "quantized-drafters", "distribution-equality"].contains(o))
+            {
                 anyhow::bail!("--only {o:?}: expected greedy-parity, quantized-drafters or distribution-equality");
             }
             if run("greedy-parity") {

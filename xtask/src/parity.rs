@@ -43,14 +43,42 @@ fn checkpoints(root: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
 fn jobs(models: &[(&'static str, PathBuf)], tokens: usize) -> Vec<Job> {
     let mut v: Vec<Job> = models
         .iter()
-        .map(|(name, path)| Job { name, model: path.clone(), prompt: prompt(21), max_tokens: tokens, prefill_step: 2048, sampler: None })
+        .map(|(name, path)| Job {
+            name,
+            model: path.clone(),
+            prompt: prompt(21),
+            max_tokens: tokens,
+            prefill_step: 2048,
+            sampler: None,
+        })
         .collect();
     let a = models[0].1.clone();
-    v.push(Job { name: "A bf16 chunked-5", model: a.clone(), prompt: prompt(33), max_tokens: tokens, prefill_step: 5, sampler: None });
+    v.push(Job {
+        name: "A bf16 chunked-5",
+        model: a.clone(),
+        prompt: prompt(33),
+        max_tokens: tokens,
+        prefill_step: 5,
+        sampler: None,
+    });
     let s = SamplerConfig { temperature: 1.0, top_p: 0.9, top_k: 50, ..Default::default() };
-    v.push(Job { name: "A bf16 sampled", model: a.clone(), prompt: prompt(21), max_tokens: tokens, prefill_step: 2048, sampler: Some((s, 7)) });
+    v.push(Job {
+        name: "A bf16 sampled",
+        model: a.clone(),
+        prompt: prompt(21),
+        max_tokens: tokens,
+        prefill_step: 2048,
+        sampler: Some((s, 7)),
+    });
     let s = SamplerConfig { temperature: 0.7, min_p: 0.05, ..Default::default() };
-    v.push(Job { name: "A q4 sampled", model: models[1].1.clone(), prompt: prompt(21), max_tokens: tokens, prefill_step: 2048, sampler: Some((s, 11)) });
+    v.push(Job {
+        name: "A q4 sampled",
+        model: models[1].1.clone(),
+        prompt: prompt(21),
+        max_tokens: tokens,
+        prefill_step: 2048,
+        sampler: Some((s, 11)),
+    });
     v
 }
 
@@ -95,7 +123,13 @@ fn check(job: &Job, reference: &Path, first_of_model: bool) -> Result<Row> {
         max_logit = Some(max_abs_diff(&ours, &theirs)?);
     }
     let (sampler, seed) = job.sampler.clone().unwrap_or((SamplerConfig::greedy(), 0));
-    let cfg = GenerateConfig { max_tokens: job.max_tokens, sampler, seed, prefill_step: job.prefill_step, stop_tokens: vec![] };
+    let cfg = GenerateConfig {
+        max_tokens: job.max_tokens,
+        sampler,
+        seed,
+        prefill_step: job.prefill_step,
+        stop_tokens: vec![],
+    };
     let ref_tokens = get("tokens")?.to_vec::<u32>()?;
     let ref_lp = get("step_logprobs")?;
     let mut dec = Decoder::new(&model, &job.prompt, &cfg)?;
@@ -116,7 +150,8 @@ fn check(job: &Job, reference: &Path, first_of_model: bool) -> Result<Row> {
         max_lp = max_lp.max(max_abs_diff(&lp.reshape(&[1, -1])?, &theirs.reshape(&[1, -1])?)?);
     }
     let timing: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(reference.with_extension("json")).unwrap_or_default()).unwrap_or(json!({}));
+        serde_json::from_str(&std::fs::read_to_string(reference.with_extension("json")).unwrap_or_default())
+            .unwrap_or(json!({}));
     Ok(Row {
         name: job.name,
         logits_bitwise: bitwise,

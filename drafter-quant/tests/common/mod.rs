@@ -31,8 +31,11 @@ impl Scratch {
 
     /// Names of every entry in the scratch dir (to spot staging leftovers).
     pub fn entries(&self) -> Vec<String> {
-        let mut v: Vec<String> =
-            std::fs::read_dir(&self.0).expect("read scratch").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let mut v: Vec<String> = std::fs::read_dir(&self.0)
+            .expect("read scratch")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
         v.sort();
         v
     }
@@ -69,7 +72,10 @@ pub fn dspark_config(d_draft: usize) -> DSparkConfig {
 }
 
 pub fn write_dspark(dir: &Path, cfg: DSparkConfig) -> PathBuf {
-    DSparkDrafter::init(cfg, &tiny_config_a(), "tiny", 7, true).expect("init dspark").save(dir, false).expect("save dspark")
+    DSparkDrafter::init(cfg, &tiny_config_a(), "tiny", 7, true)
+        .expect("init dspark")
+        .save(dir, false)
+        .expect("save dspark")
 }
 
 pub fn opts(bits: u32, group_size: u32, smoke: Smoke) -> QuantizeOptions {

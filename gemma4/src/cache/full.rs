@@ -25,7 +25,7 @@ impl KvCache {
         self.offset
     }
 
-    /// Writes k, v [B, H, S, D] at `offset` and returns `[:offset]` (or the whole buffer when full).
+    /// Writes k, v `[B, H, S, D]` at `offset` and returns `[:offset]` (or the whole buffer when full).
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
         super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         let prev = self.offset as i32;
@@ -61,12 +61,14 @@ impl KvCache {
         self.fetch()
     }
 
-    /// Writes k, v [B, H, S, D] and returns, for each row, the K/V a one-token decode step at
+    /// Writes k, v `[B, H, S, D]` and returns, for each row, the K/V a one-token decode step at
     /// its position would attend to: every row up to and including it.
     pub fn update_and_fetch_stepwise(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<(Array, Array)>> {
         let prev = self.offset as i32;
         let (keys, values) = self.update_and_fetch(k, v)?;
-        (prev + 1..=self.offset as i32).map(|end| Ok((keys.slice_axis(2, 0, end)?, values.slice_axis(2, 0, end)?))).collect()
+        (prev + 1..=self.offset as i32)
+            .map(|end| Ok((keys.slice_axis(2, 0, end)?, values.slice_axis(2, 0, end)?)))
+            .collect()
     }
 
     fn fetch(&self) -> mlx_core::Result<(Array, Array)> {

@@ -29,7 +29,7 @@ pub enum CacheError {
     TrimAfterWrap { requested: usize, offset: usize, window: usize, last_write: usize, rollback_left: usize },
 }
 
-/// Checks that k and v are [B, H, S, D] rows to write, with S ≥ 1, the same B, H and S, and
+/// Checks that k and v are `[B, H, S, D]` rows to write, with S ≥ 1, the same B, H and S, and
 /// the B, H and D of the buffers already held, so a bad write is refused before anything changes.
 fn check_rows(k: &Array, v: &Array, held: Option<(&Array, &Array)>) -> mlx_core::Result<()> {
     let (ks, vs) = (k.shape(), v.shape());
@@ -58,7 +58,7 @@ pub enum LayerCache {
 }
 
 impl LayerCache {
-    /// Writes k, v [B, H, S, D] and returns the K/V the layer attends to.
+    /// Writes k, v `[B, H, S, D]` and returns the K/V the layer attends to.
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
         match self {
             LayerCache::Full(c) => c.update_and_fetch(k, v),
@@ -66,7 +66,7 @@ impl LayerCache {
         }
     }
 
-    /// Writes k, v [B, H, S, D] and returns per row the K/V a one-token decode step at that
+    /// Writes k, v `[B, H, S, D]` and returns per row the K/V a one-token decode step at that
     /// row's position would attend to (keys, order and count), for bit-exact verification.
     pub fn update_and_fetch_stepwise(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<(Array, Array)>> {
         match self {

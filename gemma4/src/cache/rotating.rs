@@ -45,7 +45,16 @@ pub struct RotatingKvCache {
 impl RotatingKvCache {
     /// An empty cache of window `max_size`.
     pub fn new(max_size: usize) -> RotatingKvCache {
-        RotatingKvCache { keys: None, values: None, offset: 0, idx: 0, max_size: max_size as i32, spec_budget: 0, last_write: 0, phase: None }
+        RotatingKvCache {
+            keys: None,
+            values: None,
+            offset: 0,
+            idx: 0,
+            max_size: max_size as i32,
+            spec_budget: 0,
+            last_write: 0,
+            phase: None,
+        }
     }
 
     /// Tokens written.
@@ -63,7 +72,7 @@ impl RotatingKvCache {
         self.keys.as_ref().and_then(|k| k.dim(2)).unwrap_or(0) as usize
     }
 
-    /// Writes k, v [B, H, S, D]; S == 1 takes the in-place path, S > 1 the concat path.
+    /// Writes k, v `[B, H, S, D]`; S == 1 takes the in-place path, S > 1 the concat path.
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
         super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         if k.dim(2) == Some(1) {
@@ -174,7 +183,7 @@ impl RotatingKvCache {
         Ok(out)
     }
 
-    /// Writes k, v [B, H, S, D] and returns, for each of the S rows, the K/V [B, H, ≤ window, D]
+    /// Writes k, v `[B, H, S, D]` and returns, for each of the S rows, the K/V `[B, H, ≤ window, D]`
     /// that a one-token decode step at that row's position would attend to: the same rows in
     /// the same ring order, so attention over them is bit-identical to token-at-a-time decoding.
     pub fn update_and_fetch_stepwise(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<(Array, Array)>> {

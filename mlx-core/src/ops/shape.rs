@@ -25,7 +25,10 @@ impl Array {
         let (a, b) = (norm(a), norm(b));
         let mut axes: Vec<i32> = (0..n).collect();
         if !(0..n).contains(&a) || !(0..n).contains(&b) {
-            return Err(Error::Host { op: "swapaxes", detail: format!("axes ({a}, {b}) out of range for {n}-d array") });
+            return Err(Error::Host {
+                op: "swapaxes",
+                detail: format!("axes ({a}, {b}) out of range for {n}-d array"),
+            });
         }
         axes.swap(a as usize, b as usize);
         self.transpose(&axes)

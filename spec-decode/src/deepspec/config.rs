@@ -79,7 +79,10 @@ impl<'a> Keys<'a> {
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| self.err(key, format!("expected a non-negative integer, got {v}"))),
+            Some(v) => v
+                .as_u64()
+                .map(|x| Some(x as usize))
+                .ok_or_else(|| self.err(key, format!("expected a non-negative integer, got {v}"))),
         }
     }
 
@@ -149,7 +152,9 @@ impl DeepSpecConfig {
     /// Rotated pairs of the proportional RoPE (`head_dim / 2` for plain RoPE).
     pub fn rotated_pairs(&self) -> usize {
         match self.rope {
-            RopeKind::Proportional { partial_rotary_factor } => ((self.head_dim as f64 * partial_rotary_factor).floor() as usize) / 2,
+            RopeKind::Proportional { partial_rotary_factor } => {
+                ((self.head_dim as f64 * partial_rotary_factor).floor() as usize) / 2
+            }
             RopeKind::Default => self.head_dim / 2,
         }
     }
@@ -190,7 +195,9 @@ fn parse(k: &Keys<'_>) -> Result<DeepSpecConfig> {
     let block_size = k.pos("block_size")?;
     let mask_token_id = match k.opt_usize("mask_token_id")? {
         None => return Err(k.err("mask_token_id", "missing (required)")),
-        Some(id) if id >= vocab_size => return Err(k.err("mask_token_id", format!("{id} is outside the vocabulary ({vocab_size})"))),
+        Some(id) if id >= vocab_size => {
+            return Err(k.err("mask_token_id", format!("{id} is outside the vocabulary ({vocab_size})")))
+        }
         Some(id) => id as u32,
     };
     let eps = k.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
@@ -205,7 +212,11 @@ fn parse(k: &Keys<'_>) -> Result<DeepSpecConfig> {
     let target_layer_ids = match k.get("target_layer_ids").and_then(Value::as_array) {
         Some(ids) if !ids.is_empty() => ids
             .iter()
-            .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| k.err("target_layer_ids", format!("expected layer indices, got {v}"))))
+            .map(|v| {
+                v.as_u64()
+                    .map(|x| x as usize)
+                    .ok_or_else(|| k.err("target_layer_ids", format!("expected layer indices, got {v}")))
+            })
             .collect::<Result<Vec<_>>>()?,
         _ => return Err(k.err("target_layer_ids", "must be a non-empty array of layer indices")),
     };
@@ -284,7 +295,9 @@ fn parse_rope(k: &Keys<'_>) -> Result<(f32, RopeKind)> {
     let kind = match rope_type {
         "proportional" => RopeKind::Proportional { partial_rotary_factor: factor },
         "default" => RopeKind::Default,
-        other => return Err(k.err(&named("rope_type"), format!("expected \"proportional\" or \"default\", got \"{other}\""))),
+        other => {
+            return Err(k.err(&named("rope_type"), format!("expected \"proportional\" or \"default\", got \"{other}\"")))
+        }
     };
     Ok((theta as f32, kind))
 }

@@ -3,7 +3,7 @@
 //! Invariants:
 //! - `len` = committed context rows; row `i` sits at absolute position `i`.
 //! - Each layer holds K (k_norm'd, roped at its absolute position) and V (weightless norm, no
-//!   rope) // [1, nKv, len, hd]. Rows are projected exactly once, when they are committed:
+//!   rope) // `[1, nKv, len, hd]`. Rows are projected exactly once, when they are committed:
 //!   RMSNorm acts per row over head_dim and RoPE per absolute position, so caching post-norm,
 //!   post-rope rows equals re-projecting the whole context every round.
 //! - Only committed rows (anchor + accepted drafts) ever enter; rejected tips never do.
@@ -18,9 +18,15 @@ use crate::error::{Error, Result};
 /// norm, not roped) per layer.
 pub type ContextKv = ContextCache;
 
-/// Checks and projects tapped rows // [1, k, taps·H] into every layer's K/V at positions
+/// Checks and projects tapped rows // `[1, k, taps·H]` into every layer's K/V at positions
 /// start..start+k (nothing is written yet).
-pub(crate) fn project_rows(model: &DeepSpecModel, rows: &Array, k: usize, start: usize, op: &str) -> Result<Vec<LayerKv>> {
+pub(crate) fn project_rows(
+    model: &DeepSpecModel,
+    rows: &Array,
+    k: usize,
+    start: usize,
+    op: &str,
+) -> Result<Vec<LayerKv>> {
     check_rows(model, rows, k, op)?;
     if k == 0 {
         return Ok(vec![]);
@@ -29,7 +35,7 @@ pub(crate) fn project_rows(model: &DeepSpecModel, rows: &Array, k: usize, start:
     model.context_kv(&projected, start)
 }
 
-/// Rows must be [1, k, taps·H] (shape metadata only; no host read).
+/// Rows must be `[1, k, taps·H]` (shape metadata only; no host read).
 fn check_rows(model: &DeepSpecModel, rows: &Array, k: usize, op: &str) -> Result<()> {
     let want = [1, k as i32, model.cfg.context_width() as i32];
     let got = rows.shape();

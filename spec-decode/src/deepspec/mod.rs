@@ -28,9 +28,9 @@ use gemma4::weights::WeightMap;
 use gemma4::{TapPoint, TapSet, TextConfig};
 use mlx_core::{concatenate, Array, Dtype};
 
+pub use crate::context_cache::LayerKv;
 pub use config::{DeepSpecConfig, RopeKind, ARCHITECTURE};
 pub use context::ContextKv;
-pub use crate::context_cache::LayerKv;
 pub use synthetic::{write_synthetic_deepspec, SyntheticDeepSpec};
 
 use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
@@ -40,9 +40,9 @@ use model::DeepSpecModel;
 /// The backbone output of one block, before the Markov walk.
 #[derive(Clone, Debug)]
 pub struct Block {
-    /// Post-final-norm hidden of the block rows // [1, γ, H] model dtype
+    /// Post-final-norm hidden of the block rows // `[1, γ, H]` model dtype
     pub hidden: Array,
-    /// `softcap(lm_head(hidden))`, **pre-Markov** // [1, γ, V] model dtype
+    /// `softcap(lm_head(hidden))`, **pre-Markov** // `[1, γ, V]` model dtype
     pub base_logits: Array,
 }
 
@@ -95,7 +95,7 @@ impl DeepSpecDrafter {
         self.ctx.as_ref()
     }
 
-    /// `hidden_norm(fc(rows))` // [1, L, taps·H] -> [1, L, H] (also the quantization load smoke).
+    /// `hidden_norm(fc(rows))` // `[1, L, taps·H]` -> `[1, L, H]` (also the quantization load smoke).
     pub fn project_context(&self, rows: &Array) -> Result<Array> {
         self.model.project_context(rows)
     }
@@ -105,7 +105,10 @@ impl DeepSpecDrafter {
     pub fn draft_block(&mut self, anchor: &Array, position: usize) -> Result<Block> {
         let g = self.model.cfg.block_size;
         if anchor.size() != 1 {
-            return Err(Error::Contract(format!("deepspec: the anchor must be one token, got shape {:?}", anchor.shape())));
+            return Err(Error::Contract(format!(
+                "deepspec: the anchor must be one token, got shape {:?}",
+                anchor.shape()
+            )));
         }
         let anchor = anchor.reshape(&[1])?.astype(Dtype::U32)?; // [1]
         let ids = if g > 1 {
@@ -120,11 +123,20 @@ impl DeepSpecDrafter {
         Ok(Block { hidden, base_logits })
     }
 
-    /// Drafts `min(max_drafts, γ)` tokens after `anchor` // [1] uint32 at `position` (must
+    /// Drafts `min(max_drafts, γ)` tokens after `anchor` // `[1]` uint32 at `position` (must
     /// equal the committed context length).
-    pub fn draft(&mut self, anchor: &Array, position: usize, max_drafts: usize, sampling: DraftSampling<'_>) -> Result<Proposal> {
+    pub fn draft(
+        &mut self,
+        anchor: &Array,
+        position: usize,
+        max_drafts: usize,
+        sampling: DraftSampling<'_>,
+    ) -> Result<Proposal> {
         if max_drafts == 0 {
-            return Err(Error::Settings { field: "max_drafts", detail: "must be ≥ 1 (a drafter never proposes 0 drafts)".into() });
+            return Err(Error::Settings {
+                field: "max_drafts",
+                detail: "must be ≥ 1 (a drafter never proposes 0 drafts)".into(),
+            });
         }
         let block = self.draft_block(anchor, position)?;
         let (h, v) = (self.model.cfg.hidden_size as i32, self.model.cfg.vocab_size as i32);
@@ -160,12 +172,11 @@ impl DeepSpecDrafter {
         }
         let cat = |xs: &[Array]| -> Result<Array> { Ok(concatenate(xs, 0)?) };
         Ok(Proposal {
-            tokens: cat(&tokens)?,                                          // [d] u32
-            logits: Some(cat(&logits)?),                                    // [d, V] f32
+            tokens: cat(&tokens)?,                                              // [d] u32
+            logits: Some(cat(&logits)?),                                        // [d, V] f32
             confidence: if conf.is_empty() { None } else { Some(cat(&conf)?) }, // [d] f32
         })
     }
-
 }
 
 /// The request's context, checked to end right before the anchor at `position`.
@@ -193,9 +204,13 @@ impl Drafter for DeepSpecDrafter {
         // HF `hidden_states[lid + 1]`: the residual after layer lid, except that the last entry
         // (lid = num_target_layers − 1) is taken after the final norm.
         let last = self.model.cfg.num_target_layers.saturating_sub(1);
-        TapSet::new(
-            self.model.cfg.target_layer_ids.iter().map(|&l| if l == last { TapPoint::FinalNorm } else { TapPoint::Layer(l) }),
-        )
+        TapSet::new(self.model.cfg.target_layer_ids.iter().map(|&l| {
+            if l == last {
+                TapPoint::FinalNorm
+            } else {
+                TapPoint::Layer(l)
+            }
+        }))
     }
 
     /// DeepSpec's `confidence_threshold` (absent in released configs) as per-position
@@ -207,7 +222,9 @@ impl Drafter for DeepSpecDrafter {
 
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {
         self.ctx = None;
-        let rows = ctx.ok_or_else(|| Error::Contract("deepspec reset: the drafter reads tapped target context, got none".into()))?;
+        let rows = ctx.ok_or_else(|| {
+            Error::Contract("deepspec reset: the drafter reads tapped target context, got none".into())
+        })?;
         let mut fresh = ContextKv::new(self.model.cfg.num_hidden_layers);
         fresh.append(context::project_rows(&self.model, rows, len, 0, "reset")?, len)?;
         self.ctx = Some(fresh);
@@ -245,10 +262,16 @@ fn check_fits(dir: &Path, cfg: &DeepSpecConfig, target: &TextConfig) -> Result<(
         ));
     }
     if cfg.hidden_size != target.hidden_size {
-        return Err(incompatible(dir, format!("hidden_size {} != target hidden_size {}", cfg.hidden_size, target.hidden_size)));
+        return Err(incompatible(
+            dir,
+            format!("hidden_size {} != target hidden_size {}", cfg.hidden_size, target.hidden_size),
+        ));
     }
     if cfg.vocab_size != target.vocab_size {
-        return Err(incompatible(dir, format!("vocab_size {} != target vocab_size {}", cfg.vocab_size, target.vocab_size)));
+        return Err(incompatible(
+            dir,
+            format!("vocab_size {} != target vocab_size {}", cfg.vocab_size, target.vocab_size),
+        ));
     }
     if let Some(&bad) = cfg.target_layer_ids.iter().find(|&&id| id >= target.num_hidden_layers) {
         return Err(incompatible(
@@ -260,7 +283,11 @@ fn check_fits(dir: &Path, cfg: &DeepSpecConfig, target: &TextConfig) -> Result<(
 }
 
 /// A `.scales` sibling needs a quantization config entry (spec §11.7).
-fn check_quantized_entries<'a>(dir: &Path, cfg: &DeepSpecConfig, names: impl Iterator<Item = &'a String>) -> Result<()> {
+fn check_quantized_entries<'a>(
+    dir: &Path,
+    cfg: &DeepSpecConfig,
+    names: impl Iterator<Item = &'a String>,
+) -> Result<()> {
     for base in names.filter_map(|n| n.strip_suffix(".scales")) {
         let covered = cfg.quantization.as_ref().is_some_and(|q| q.default.is_some() || q.overrides.contains_key(base));
         if !covered {

@@ -36,13 +36,13 @@ struct Layer {
     layer_scalar: Array,
 }
 
-/// The Markov head: `markov_w1` [V, r] gather table, `markov_w2` [V, r] linear.
+/// The Markov head: `markov_w1` `[V, r]` gather table, `markov_w2` `[V, r]` linear.
 pub(crate) struct Markov {
     pub(crate) w1: Embedding,
     pub(crate) w2: Linear,
 }
 
-/// `confidence_head.proj` [1, in] + bias [1].
+/// `confidence_head.proj` `[1, in]` + bias `[1]`.
 pub(crate) struct Confidence {
     pub(crate) proj: Linear,
     pub(crate) bias: Array,
@@ -119,27 +119,28 @@ impl DeepSpecModel {
         Ok(fast::rms_norm(x, w, self.cfg.rms_norm_eps)?)
     }
 
-    /// `hidden_norm(fc(rows))` // [1, L, taps·H] -> [1, L, H]
+    /// `hidden_norm(fc(rows))` // `[1, L, taps·H]` -> `[1, L, H]`
     pub(crate) fn project_context(&self, rows: &Array) -> Result<Array> {
         let x = rows.astype(self.dtype)?;
         self.rms(&self.fc.forward(&x)?, Some(&self.hidden_norm))
     }
 
-    /// Per-layer context K/V of projected rows at positions start..start+L // [1, L, H]
+    /// Per-layer context K/V of projected rows at positions start..start+L // `[1, L, H]`
     pub(crate) fn context_kv(&self, ctx: &Array, start: usize) -> Result<Vec<LayerKv>> {
         self.layers.iter().map(|l| self.noise_kv(l, ctx, start)).collect()
     }
 
-    /// K (k_norm, roped) and V (weightless norm of the raw projection) // [B, L, H] -> [B, nKv, L, hd]
+    /// K (k_norm, roped) and V (weightless norm of the raw projection) // `[B, L, H]` -> `[B, nKv, L, hd]`
     fn noise_kv(&self, l: &Layer, x: &Array, start: usize) -> Result<LayerKv> {
         let s = x.shape();
-        let raw = l.k_proj.forward(x)?.reshape(&[s[0], s[1], self.cfg.num_kv_heads as i32, self.cfg.head_dim as i32])?;
+        let raw =
+            l.k_proj.forward(x)?.reshape(&[s[0], s[1], self.cfg.num_kv_heads as i32, self.cfg.head_dim as i32])?;
         let v = self.rms(&raw, None)?.transpose(&[0, 2, 1, 3])?;
         let k = self.rms(&raw, Some(&l.k_norm))?.transpose(&[0, 2, 1, 3])?;
         Ok(LayerKv { k: self.rope.apply(&k, start as i32)?, v })
     }
 
-    /// Post-norm hidden of the block rows // ids [1, γ], context per layer -> [1, γ, H]
+    /// Post-norm hidden of the block rows // ids `[1, γ]`, context per layer -> `[1, γ, H]`
     pub(crate) fn backbone(&self, ids: &Array, ctx: &mut ContextKv, position: usize) -> Result<Array> {
         let (nh, hd) = (self.cfg.num_attention_heads as i32, self.cfg.head_dim as i32);
         let mut h = self.embed_tokens.forward(ids)?.mul_scalar((self.cfg.hidden_size as f64).sqrt())?; // [1, γ, H]
@@ -164,7 +165,7 @@ impl DeepSpecModel {
         self.rms(&h, Some(&self.norm))
     }
 
-    /// `lm_head(h)` then softcap, in the model dtype // [.., H] -> [.., V]
+    /// `lm_head(h)` then softcap, in the model dtype // `[.., H]` -> `[.., V]`
     pub(crate) fn logits(&self, h: &Array) -> Result<Array> {
         let x = self.lm_head.forward(h)?;
         Ok(match self.cfg.final_logit_softcapping {

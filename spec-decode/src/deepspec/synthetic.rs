@@ -149,7 +149,10 @@ fn config_json(target: &TextConfig, o: &SyntheticDeepSpec) -> serde_json::Value 
 /// Writes a random-weight DeepSpec checkpoint for `target` to `dest` (replacing it).
 pub fn write_synthetic_deepspec(dest: &Path, target: &TextConfig, opts: &SyntheticDeepSpec) -> Result<PathBuf> {
     if opts.layers == 0 || opts.heads == 0 || opts.kv_heads == 0 || opts.head_dim == 0 || opts.block_size == 0 {
-        return Err(Error::Settings { field: "SyntheticDeepSpec", detail: "layers, heads, kv_heads, head_dim and block_size must be > 0".into() });
+        return Err(Error::Settings {
+            field: "SyntheticDeepSpec",
+            detail: "layers, heads, kv_heads, head_dim and block_size must be > 0".into(),
+        });
     }
     let (h, v) = (target.hidden_size, target.vocab_size);
     let mut keys = KeyChain::new(opts.seed)?;

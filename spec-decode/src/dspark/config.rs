@@ -97,7 +97,11 @@ impl DSparkConfig {
         }
         if let Some(s) = &self.sts {
             if s.thresholds.len() != self.gamma {
-                return bad(format!("config.sts.thresholds has {} entries, expected gamma = {}", s.thresholds.len(), self.gamma));
+                return bad(format!(
+                    "config.sts.thresholds has {} entries, expected gamma = {}",
+                    s.thresholds.len(),
+                    self.gamma
+                ));
             }
         }
         Ok(())
@@ -105,7 +109,9 @@ impl DSparkConfig {
 
     /// Tap points on a target with `num_layers` decoder layers.
     pub fn tap_set(&self, num_layers: usize) -> TapSet {
-        TapSet::new(self.tap_layers.iter().map(|&i| if i == num_layers { TapPoint::FinalNorm } else { TapPoint::Layer(i) }))
+        TapSet::new(
+            self.tap_layers.iter().map(|&i| if i == num_layers { TapPoint::FinalNorm } else { TapPoint::Layer(i) }),
+        )
     }
 
     /// The canonical parameter order (names double as safetensors keys).
@@ -116,7 +122,19 @@ impl DSparkConfig {
                 v.push(format!("bb.{i}.{n}"));
             }
         }
-        for n in ["W_c", "ctx_norm", "tok_proj", "mask_emb", "block_pos", "out_norm", "out_proj", "markov.w1", "markov.w2", "conf.w", "conf.b"] {
+        for n in [
+            "W_c",
+            "ctx_norm",
+            "tok_proj",
+            "mask_emb",
+            "block_pos",
+            "out_norm",
+            "out_proj",
+            "markov.w1",
+            "markov.w2",
+            "conf.w",
+            "conf.b",
+        ] {
             v.push(n.to_string());
         }
         v
@@ -125,7 +143,8 @@ impl DSparkConfig {
     /// Expected shape of each parameter for target `dims` and `m` taps.
     pub fn param_shape(&self, name: &str, dims: &Dims) -> Option<Vec<i32>> {
         let (d, di, r) = (self.d_draft as i32, (self.ff_mult * self.d_draft) as i32, self.markov_rank as i32);
-        let (h, v, m, g) = (dims.hidden_size as i32, dims.vocab_size as i32, self.tap_layers.len() as i32, self.gamma as i32);
+        let (h, v, m, g) =
+            (dims.hidden_size as i32, dims.vocab_size as i32, self.tap_layers.len() as i32, self.gamma as i32);
         if let Some(rest) = name.strip_prefix("bb.") {
             let field = rest.split_once('.')?.1;
             return Some(match field {
@@ -155,7 +174,7 @@ impl DSparkConfig {
 /// The role of a DSpark parameter, which decides how it may be quantized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParamKind {
-    /// A matmul weight stored [in, out] and used as `x @ W` (quantized transposed).
+    /// A matmul weight stored `[in, out]` and used as `x @ W` (quantized transposed).
     Matrix,
     /// A gather table whose rows are tokens (`markov.w1`; quantized as stored).
     GatherTable,
@@ -167,7 +186,8 @@ pub enum ParamKind {
 
 /// The kind of parameter `name` (one of `DSparkConfig::param_names`).
 pub fn param_kind(name: &str) -> ParamKind {
-    let layer_field = name.strip_prefix("bb.").and_then(|rest| rest.split_once('.')).filter(|(i, _)| i.parse::<usize>().is_ok());
+    let layer_field =
+        name.strip_prefix("bb.").and_then(|rest| rest.split_once('.')).filter(|(i, _)| i.parse::<usize>().is_ok());
     match (name, layer_field) {
         (_, Some((_, "q" | "k" | "v" | "o" | "gate" | "up" | "down"))) => ParamKind::Matrix,
         ("W_c" | "tok_proj" | "out_proj" | "markov.w2", None) => ParamKind::Matrix,
@@ -210,7 +230,8 @@ pub fn read_descriptor(dir: &Path) -> Result<Descriptor> {
     }
     d.config.validate(&path)?;
     let derived = d.config.param_names();
-    let (listed, wanted): (BTreeSet<&String>, BTreeSet<&String>) = (d.param_names.iter().collect(), derived.iter().collect());
+    let (listed, wanted): (BTreeSet<&String>, BTreeSet<&String>) =
+        (d.param_names.iter().collect(), derived.iter().collect());
     if listed != wanted {
         let differ = listed.symmetric_difference(&wanted).next();
         return Err(Error::checkpoint(
@@ -249,16 +270,23 @@ pub fn write_calibration(dir: &Path, calibration: &Calibration, force: bool) -> 
     let path = dir.join("dspark.json");
     let d = read_descriptor(dir)?;
     if calibration.thresholds.len() != d.config.gamma {
-        return Err(Error::checkpoint(&path, format!("{} thresholds for a block of {}", calibration.thresholds.len(), d.config.gamma)));
+        return Err(Error::checkpoint(
+            &path,
+            format!("{} thresholds for a block of {}", calibration.thresholds.len(), d.config.gamma),
+        ));
     }
     if let (Some(old), false) = (&d.config.sts, force) {
         return Err(Error::checkpoint(
             &path,
-            format!("already has calibrated thresholds (target={}, samples={}) — pass --force to recalibrate", old.target, old.samples),
+            format!(
+                "already has calibrated thresholds (target={}, samples={}) — pass --force to recalibrate",
+                old.target, old.samples
+            ),
         ));
     }
     let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
-    let mut v: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("invalid JSON: {e}")))?;
+    let mut v: Value =
+        serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("invalid JSON: {e}")))?;
     v["config"]["sts"] = serde_json::to_value(calibration).map_err(|e| Error::Contract(e.to_string()))?;
     let tmp = dir.join(format!(".dspark.json.tmp-{}", std::process::id()));
     let body = serde_json::to_string_pretty(&v).map_err(|e| Error::Contract(e.to_string()))? + "\n";

@@ -15,10 +15,19 @@ use super::model::DSparkDrafter;
 use crate::error::{Error, Result};
 
 /// Fits a bigram DSpark drafter for `target` from greedy continuations of `prompts`.
-pub fn fit_bigram_drafter(target: &Model, model_name: &str, prompts: &[Vec<u32>], tokens: usize, gamma: usize) -> Result<DSparkDrafter> {
+pub fn fit_bigram_drafter(
+    target: &Model,
+    model_name: &str,
+    prompts: &[Vec<u32>],
+    tokens: usize,
+    gamma: usize,
+) -> Result<DSparkDrafter> {
     let v = target.config().vocab_size;
     if v > 4096 {
-        return Err(Error::Settings { field: "vocab", detail: format!("a bigram table for a vocabulary of {v} is too large; train a drafter instead") });
+        return Err(Error::Settings {
+            field: "vocab",
+            detail: format!("a bigram table for a vocabulary of {v} is too large; train a drafter instead"),
+        });
     }
     // Add-one smoothing, plus a prior on repeating the previous token: greedy continuations
     // of small models loop, and a repeat is the best guess for a pair never seen.

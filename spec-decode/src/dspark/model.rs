@@ -8,7 +8,7 @@
 //! and K/V projections) is per-row, so projecting committed rows once and appending is exact and
 //! a round never re-projects (or copies) the whole context.
 //!
-//! Weights are f32 and stored [in, out] (used as `x @ W`). Inference is semi-autoregressive:
+//! Weights are f32 and stored `[in, out]` (used as `x @ W`). Inference is semi-autoregressive:
 //! one backbone pass, then the Markov walk on the device; greedy drafting needs no host read.
 
 use std::collections::BTreeMap;
@@ -22,12 +22,14 @@ use mlx_core::quant::Quantized;
 use mlx_core::random::{self, KeyChain};
 use mlx_core::{concatenate, fast, gelu_approx, Array, Dtype};
 
-use super::config::{check_target, param_kind, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, ParamKind, KIND};
+use super::config::{
+    check_target, param_kind, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, ParamKind, KIND,
+};
 use crate::context_cache::{ContextCache, LayerKv};
 use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 use crate::error::{Error, Result};
 
-/// A matrix parameter: dense [in, out] (`x @ W`), or MLX-affine quantized Wᵀ [out, in]
+/// A matrix parameter: dense `[in, out]` (`x @ W`), or MLX-affine quantized Wᵀ `[out, in]`
 /// (`quantized_matmul(x, Wᵀ, transpose)`), as drafter-quant writes it.
 #[derive(Clone)]
 enum Mat {
@@ -36,7 +38,7 @@ enum Mat {
 }
 
 impl Mat {
-    /// `x @ W` // [.., in] -> [.., out]
+    /// `x @ W` // `[.., in]` -> `[.., out]`
     fn apply(&self, x: &Array) -> Result<Array> {
         Ok(match self {
             Mat::Dense(w) => x.matmul(w)?,
@@ -44,7 +46,7 @@ impl Mat {
         })
     }
 
-    /// Rows of a gather table (stored as is, rows = tokens) // [n] -> [n, cols]
+    /// Rows of a gather table (stored as is, rows = tokens) // [n] -> `[n, cols]`
     fn rows(&self, ids: &Array) -> Result<Array> {
         Ok(match self {
             Mat::Dense(w) => w.take(ids, 0)?,
@@ -69,7 +71,6 @@ struct Layer {
 fn quantizable(name: &str) -> bool {
     matches!(param_kind(name), ParamKind::Matrix | ParamKind::GatherTable)
 }
-
 
 /// A DSpark drafter bound to one target.
 pub struct DSparkDrafter {
@@ -102,12 +103,18 @@ impl DSparkDrafter {
         for name in cfg.param_names().into_iter().filter(|n| quantizable(n)) {
             let m = match quantized.get(&name) {
                 Some(q) => Mat::Quant(q.clone()),
-                None => Mat::Dense(params.get(&name).cloned().ok_or_else(|| Error::Contract(format!("dspark parameter {name} missing")))?),
+                None => Mat::Dense(
+                    params
+                        .get(&name)
+                        .cloned()
+                        .ok_or_else(|| Error::Contract(format!("dspark parameter {name} missing")))?,
+                ),
             };
             mats.insert(name, m);
         }
         params.retain(|n, _| !quantized.contains_key(n));
-        let mat = |n: String| mats.get(&n).cloned().ok_or_else(|| Error::Contract(format!("dspark parameter {n} missing")));
+        let mat =
+            |n: String| mats.get(&n).cloned().ok_or_else(|| Error::Contract(format!("dspark parameter {n} missing")));
         let layers = (0..cfg.n_layers)
             .map(|i| {
                 let g = |n: &str| p(&params, &format!("bb.{i}.{n}")).cloned();
@@ -140,7 +147,13 @@ impl DSparkDrafter {
     /// A freshly initialised drafter for `target` (spec §10.3: norms 1, matrices N(0, 0.02²),
     /// `markov.w2`, `conf.w`, `conf.b` zero). `random_heads` also draws the Markov and
     /// confidence heads at random, so untrained drafters exercise those paths in tests.
-    pub fn init(cfg: DSparkConfig, target: &TextConfig, model_name: &str, seed: u64, random_heads: bool) -> Result<Self> {
+    pub fn init(
+        cfg: DSparkConfig,
+        target: &TextConfig,
+        model_name: &str,
+        seed: u64,
+        random_heads: bool,
+    ) -> Result<Self> {
         let dims = Dims { hidden_size: target.hidden_size, vocab_size: target.vocab_size, eps: target.rms_norm_eps };
         cfg.validate(Path::new("<new drafter>"))?;
         let mut keys = KeyChain::new(seed)?;
@@ -171,7 +184,10 @@ impl DSparkDrafter {
         }
         let mut params = self.params;
         for (name, a) in updates {
-            let want = self.cfg.param_shape(&name, &self.dims).ok_or_else(|| Error::Contract(format!("unknown parameter {name}")))?;
+            let want = self
+                .cfg
+                .param_shape(&name, &self.dims)
+                .ok_or_else(|| Error::Contract(format!("unknown parameter {name}")))?;
             if a.shape() != want {
                 return Err(Error::Contract(format!("parameter {name}: shape {:?}, expected {want:?}", a.shape())));
             }
@@ -186,7 +202,10 @@ impl DSparkDrafter {
         check_target(&d, target)?;
         let raw = gemma4::weights::load_raw(dir)?;
         let quant_cfg = match &d.quantization {
-            Some(v) => Some(QuantizationConfig::from_json(v, "quantization").map_err(|e| Error::checkpoint(&dir.join("dspark.json"), e.to_string()))?),
+            Some(v) => Some(
+                QuantizationConfig::from_json(v, "quantization")
+                    .map_err(|e| Error::checkpoint(&dir.join("dspark.json"), e.to_string()))?,
+            ),
             None => None,
         };
         // Quantized tensors are read by gemma4's WeightMap: one implementation for targets and
@@ -194,9 +213,17 @@ impl DSparkDrafter {
         // Strict: every tensor must be a parameter (dense, or the .weight/.scales/.biases of a
         // quantized one), so a checkpoint of another shape is refused, not half-read.
         let names: std::collections::BTreeSet<String> = d.config.param_names().into_iter().collect();
-        let is_param = |k: &str| names.contains(k) || [".weight", ".scales", ".biases"].iter().any(|s| k.strip_suffix(s).is_some_and(|b| names.contains(b)));
+        let is_param = |k: &str| {
+            names.contains(k)
+                || [".weight", ".scales", ".biases"]
+                    .iter()
+                    .any(|s| k.strip_suffix(s).is_some_and(|b| names.contains(b)))
+        };
         if let Some(extra) = raw.keys().find(|k| !is_param(k)) {
-            return Err(Error::checkpoint(dir, format!("unexpected tensor {extra:?}: not a parameter of this DSpark config")));
+            return Err(Error::checkpoint(
+                dir,
+                format!("unexpected tensor {extra:?}: not a parameter of this DSpark config"),
+            ));
         }
         let mut wm = WeightMap::from_tensors(dir, raw.clone(), "", quant_cfg.clone());
         let mut params = BTreeMap::new();
@@ -205,7 +232,10 @@ impl DSparkDrafter {
             let want = d.config.param_shape(&name, &d.dims).unwrap_or_default();
             if raw.contains_key(&format!("{name}.scales")) {
                 if quant_cfg.is_none() {
-                    return Err(Error::checkpoint(dir, format!("{name} has quantized tensors (.scales) but dspark.json has no quantization block")));
+                    return Err(Error::checkpoint(
+                        dir,
+                        format!("{name} has quantized tensors (.scales) but dspark.json has no quantization block"),
+                    ));
                 }
                 // Gather tables keep their stored orientation; matmul weights are stored transposed.
                 let (out, inp) = if name == "markov.w1" { (want[0], want[1]) } else { (want[1], want[0]) };
@@ -221,7 +251,10 @@ impl DSparkDrafter {
             }
             let a = raw.get(&name).ok_or_else(|| Error::checkpoint(dir, format!("missing tensor {name:?}")))?;
             if a.shape() != want {
-                return Err(Error::checkpoint(dir, format!("tensor {name:?} has shape {:?}, expected {want:?}", a.shape())));
+                return Err(Error::checkpoint(
+                    dir,
+                    format!("tensor {name:?} has shape {:?}, expected {want:?}", a.shape()),
+                ));
             }
             params.insert(name, a.astype(Dtype::F32)?);
         }
@@ -236,7 +269,8 @@ impl DSparkDrafter {
         }
         let staged = StagedDir::new(dest, force)?;
         let names = self.cfg.param_names();
-        let tensors: Vec<(&str, &Array)> = names.iter().filter_map(|n| self.params.get(n).map(|a| (n.as_str(), a))).collect();
+        let tensors: Vec<(&str, &Array)> =
+            names.iter().filter_map(|n| self.params.get(n).map(|a| (n.as_str(), a))).collect();
         let meta = [("format".to_string(), "mlx".to_string())].into_iter().collect();
         mlx_core::save_safetensors(&staged.path().join("model.safetensors"), tensors, &meta)?;
         let d = Descriptor {
@@ -275,7 +309,7 @@ impl DSparkDrafter {
         Ok(x.reshape(&[1, l, self.cfg.n_heads as i32, hd])?.transpose(&[0, 2, 1, 3])?)
     }
 
-    /// Projects tapped rows into every layer's context K/V // [1, L, m·H] -> per layer [1, h, L, hd]
+    /// Projects tapped rows into every layer's context K/V // `[1, L, m·H]` -> per layer `[1, h, L, hd]`
     fn project_context(&self, rows: &Array) -> Result<Vec<LayerKv>> {
         let x = self.mat("W_c")?.apply(&rows.astype(Dtype::F32)?)?;
         let hctx = self.rms(&x, p(&self.params, "ctx_norm")?)?; // [1, L, D]
@@ -288,7 +322,7 @@ impl DSparkDrafter {
             .collect()
     }
 
-    /// The backbone over the block // anchor [1] -> block hidden [1, γ, D]
+    /// The backbone over the block // anchor `[1]` -> block hidden `[1, γ, D]`
     fn backbone(&self, ctx: &mut ContextCache, target: &gemma4::Model, anchor: &Array) -> Result<Array> {
         let g = self.cfg.gamma as i32;
         let emb = target.embed_raw(&anchor.reshape(&[1, 1])?)?.astype(Dtype::F32)?; // [1, 1, H]
@@ -380,7 +414,11 @@ impl Drafter for DSparkDrafter {
             conf.push(c);
             prev = tokens[k as usize].clone();
         }
-        Ok(Proposal { tokens: concatenate(&tokens, 0)?, logits: Some(concatenate(&logits, 0)?), confidence: Some(concatenate(&conf, 0)?) })
+        Ok(Proposal {
+            tokens: concatenate(&tokens, 0)?,
+            logits: Some(concatenate(&logits, 0)?),
+            confidence: Some(concatenate(&conf, 0)?),
+        })
     }
 
     fn commit(&mut self, rows: Option<&Array>, k: usize) -> Result<()> {
