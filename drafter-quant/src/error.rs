@@ -7,9 +7,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    #[error("--bits {0} is not supported: expected 4 or 8")]
+    #[error("bits {0} is not supported: expected 4 or 8")]
     UnsupportedBits(u32),
-    #[error("--group-size {0} is not supported: expected 32 or 64")]
+    #[error("group size {0} is not supported: expected 32 or 64")]
     UnsupportedGroupSize(u32),
     /// The source is not a DeepSpec or DSpark checkpoint; `detail` says what was found.
     #[error("{}: not a drafter checkpoint: {detail}", path.display())]
@@ -35,7 +35,7 @@ pub enum Error {
     /// A parameter the format says is a matrix is not 2-D.
     #[error("{}: tensor {tensor:?} has shape {shape:?}, expected a 2-D matrix", path.display())]
     NotMatrix { path: PathBuf, tensor: String, shape: Vec<i32> },
-    #[error("{}: output directory exists and is not empty (use --force to replace it)", path.display())]
+    #[error("{}: output directory exists and is not empty (replacing it must be forced)", path.display())]
     OutputNotEmpty { path: PathBuf },
     #[error("output {} would replace the source checkpoint {}", dst.display(), src.display())]
     OutputIsSource { src: PathBuf, dst: PathBuf },

@@ -120,7 +120,7 @@ pub(crate) fn run(dir: &Path, report_as: &Path, smoke: &Smoke, warn: &mut dyn Fn
         }
     };
     let (target, mut drafter, name) = match smoke {
-        Smoke::Off => return Ok(SmokeOutcome::Skipped { reason: "disabled (--no-smoke)".into() }),
+        Smoke::Off => return Ok(SmokeOutcome::Skipped { reason: "disabled".into() }),
         Smoke::Target(t) => {
             let target = Model::load(t).map_err(|e| fail("loading the smoke target")(e.into()))?;
             let drafter = load_drafter(dir, target.config()).map_err(fail("reloading the drafter"))?;
@@ -131,7 +131,7 @@ pub(crate) fn run(dir: &Path, report_as: &Path, smoke: &Smoke, warn: &mut dyn Fn
                 context_smoke(dir).map_err(fail("reloading the drafter and projecting one context row"))?;
                 let reason = format!(
                     "reloaded and projected one context row; the drafter was built for another target ({detail}), so \
-                     the draft round needs --smoke-target <its target dir>"
+                     the draft round needs that target as the smoke target"
                 );
                 warn(format!("load smoke: {reason}"));
                 return Ok(SmokeOutcome::ContextOnly { reason });

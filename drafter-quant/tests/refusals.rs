@@ -8,7 +8,7 @@ use drafter_quant::{Error, Progress, Smoke, SmokeOutcome};
 use gemma4::checkpoint::write_random_checkpoint;
 use gemma4::config::{tiny_config_a, tiny_config_b};
 use mlx_core::Dtype;
-use spec_decode::deepspec::SyntheticDeepSpec;
+use spec_decode::testing::SyntheticDeepSpec;
 
 /// Nothing but the source is left in the scratch dir (no output, no `.tmp-` staging dir).
 fn assert_nothing_written(s: &Scratch) {
@@ -142,7 +142,7 @@ fn refuses_a_non_empty_output_unless_forced() {
     std::fs::create_dir_all(&dst).unwrap();
     std::fs::write(dst.join("stray.txt"), "x").unwrap();
     let e = run(&src, &dst, &opts(4, 64, Smoke::Off)).0.unwrap_err();
-    assert!(matches!(e, Error::OutputNotEmpty { .. }) && e.to_string().contains("--force"), "{e}");
+    assert!(matches!(e, Error::OutputNotEmpty { .. }) && e.to_string().contains("must be forced"), "{e}");
     assert!(dst.join("stray.txt").is_file(), "a refused run must not touch the output");
     // An empty output directory is fine without --force.
     std::fs::remove_file(dst.join("stray.txt")).unwrap();
@@ -186,7 +186,7 @@ fn a_failed_smoke_leaves_nothing_behind() {
 fn smoke_reloads_and_projects_context_for_another_target_and_drafts_on_a_given_one() {
     let s = Scratch::new("smoke-b");
     let b = tiny_config_b();
-    let src = spec_decode::deepspec::write_synthetic_deepspec(
+    let src = spec_decode::testing::write_synthetic_deepspec(
         &s.join("src"),
         &b,
         &SyntheticDeepSpec { target_layer_ids: vec![1, 2, 3], ..deepspec_opts() },
@@ -195,7 +195,7 @@ fn smoke_reloads_and_projects_context_for_another_target_and_drafts_on_a_given_o
     let (r, events) = run(&src, &s.join("q"), &opts(4, 64, Smoke::Auto));
     let r = r.unwrap();
     assert!(
-        matches!(&r.smoke, SmokeOutcome::ContextOnly { reason } if reason.contains("projected one context row") && reason.contains("--smoke-target")),
+        matches!(&r.smoke, SmokeOutcome::ContextOnly { reason } if reason.contains("projected one context row") && reason.contains("smoke target")),
         "{:?}",
         r.smoke
     );

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use gemma4::generate::GenerateConfig;
 use gemma4::Model;
 use spec_decode::calibration::fit_thresholds;
 use spec_decode::dspark::{write_calibration, Calibration, DSparkDrafter};
@@ -78,12 +79,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     let gamma = drafter.gamma();
     let cfg = SpecConfig {
-        gamma,
-        max_tokens: a.tokens,
-        sampler: Default::default(),
-        seed: 0,
-        stop_tokens: model.config().eos_token_ids.clone(),
-        prefill_step: 2048,
+        generate: GenerateConfig {
+            max_tokens: a.tokens,
+            stop_tokens: model.config().eos_token_ids.clone(),
+            ..Default::default()
+        },
+        gamma: Some(gamma),
         // Active with no threshold: confidences are read, nothing is pruned.
         pruning: Pruning::Thresholds(vec![]),
     };

@@ -188,12 +188,8 @@ pub fn run(a: Args) -> Result<()> {
     };
     if let Some(mut drafter) = drafter {
         let spec = spec_decode::SpecConfig {
-            gamma: a.gamma.unwrap_or(drafter.gamma()),
-            max_tokens: cfg.max_tokens,
-            sampler: cfg.sampler.clone(),
-            seed: cfg.seed,
-            stop_tokens: cfg.stop_tokens.clone(),
-            prefill_step: cfg.prefill_step,
+            generate: cfg.clone(),
+            gamma: a.gamma,
             pruning: match (a.min_conf, a.calibrated) {
                 (Some(c), _) => spec_decode::Pruning::MinConf(c),
                 (None, true) => spec_decode::Pruning::Calibrated,
@@ -206,7 +202,12 @@ pub fn run(a: Args) -> Result<()> {
         if let Some(e) = err {
             return Err(e);
         }
-        eprintln!("drafter: {} | γ {} | finish: {}", drafter.name(), spec.gamma, finish_name(res.finish));
+        eprintln!(
+            "drafter: {} | γ {} | finish: {}",
+            drafter.name(),
+            spec.gamma_for(drafter.as_ref())?,
+            finish_name(res.finish)
+        );
         eprintln!("{}", res.stats.summary());
         eprintln!("accepted/drafted by block position: {}", res.stats.by_position());
         if a.compare {

@@ -70,7 +70,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Progress::Smoke(SmokeOutcome::Skipped { .. } | SmokeOutcome::ContextOnly { .. }) => {}
     };
-    let r = quantize_drafter(&args.src, &out, &opts, &mut print)?;
+    let r = quantize_drafter(&args.src, &out, &opts, &mut print).map_err(|e| match e {
+        drafter_quant::Error::OutputNotEmpty { .. } => anyhow::Error::new(e).context("pass --force to replace it"),
+        e => e.into(),
+    })?;
     println!("wrote {}", r.out_dir.display());
     println!(
         "{:?}: {} tensors quantized, {} kept; {} -> {} in {} shard(s); {:.2} bits per quantized weight",

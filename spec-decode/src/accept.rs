@@ -122,6 +122,9 @@ pub enum AcceptError {
     /// from `q_k` cannot produce this, so `q` is not the distribution the draft came from.
     #[error("draft {position} (token {token}) has draft probability 0, so it was not sampled from q")]
     ZeroDraftProbability { position: usize, token: u32 },
+    /// [`first_rejection_or_bonus`] got a different number of recovered tokens than flags.
+    #[error("expected {expected} recovered tokens (one per acceptance flag), got {got}")]
+    RecoveredCount { expected: usize, got: usize },
     /// The uniform source returned a value outside `[0, 1)`.
     #[error("uniform draw {value} is outside [0, 1)")]
     UniformOutOfRange { value: f32 },
@@ -147,6 +150,23 @@ pub fn greedy_accept(drafts: &[u32], target_argmax: &[u32]) -> Verdict {
     let token = target_argmax[accepted];
     let next = if accepted == drafts.len() { NextToken::Bonus(token) } else { NextToken::Recovered(token) };
     Verdict { accepted, next }
+}
+
+/// The one selection rule of every verifier: the accepted prefix ends at the first draft whose
+/// flag is false, and that position's recovered token follows it; if every flag is true, the
+/// bonus token follows. `accepted[k]` says whether draft `k` passed its test (greedy: it equals
+/// the target's pick; sampled: `u·q(x) < p(x)`), `recovered[k]` is the token emitted if draft
+/// `k` is the first rejected one. The device verifier computes every flag and candidate in one
+/// pass and calls this on the host copy; [`greedy_accept`] and [`speculative_sample`] are the
+/// sequential references it is property-tested against.
+pub fn first_rejection_or_bonus(accepted: &[bool], recovered: &[u32], bonus: u32) -> Result<Verdict, AcceptError> {
+    if recovered.len() != accepted.len() {
+        return Err(AcceptError::RecoveredCount { expected: accepted.len(), got: recovered.len() });
+    }
+    Ok(match accepted.iter().position(|&ok| !ok) {
+        Some(k) => Verdict { accepted: k, next: NextToken::Recovered(recovered[k]) },
+        None => Verdict { accepted: accepted.len(), next: NextToken::Bonus(bonus) },
+    })
 }
 
 /// The residual distribution `normalize(max(p − q, 0))`, which a rejected position samples from.

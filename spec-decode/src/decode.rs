@@ -19,7 +19,6 @@
 use std::time::Instant;
 
 use gemma4::generate::GenerateConfig;
-use gemma4::sampling::SamplerConfig;
 use gemma4::{Cache, Model, TapSet};
 use mlx_core::random::KeyChain;
 use mlx_core::{concatenate, Array};
@@ -27,37 +26,46 @@ use mlx_core::{concatenate, Array};
 use crate::calibration::ConfSample;
 use crate::drafter::{DraftRequest, DraftSampling, Drafter};
 use crate::error::{Error, Result};
+use crate::rule::VerifyRule;
 use crate::schedule::{kept_len, Pruning};
 use crate::stats::SpecStats;
 use crate::verify::{greedy_verdict, sampled_verdict};
 
-pub use crate::verify::VerifyRule;
-
 pub use gemma4::generate::FinishReason;
 
-/// Settings of one speculative request.
-#[derive(Clone, Debug)]
+/// Settings of one speculative request: the request as plain decoding would run it, plus how
+/// many drafts a round verifies and whether low-confidence drafts are pruned.
+///
+/// ```
+/// use spec_decode::{Pruning, SpecConfig};
+/// let cfg = SpecConfig { gamma: Some(4), pruning: Pruning::MinConf(0.3), ..SpecConfig::default() };
+/// assert_eq!(cfg.generate.max_tokens, 256);
+/// ```
+#[derive(Clone, Debug, Default)]
 pub struct SpecConfig {
-    /// Drafts per round (1..=drafter γ).
-    pub gamma: usize,
-    pub max_tokens: usize,
-    pub sampler: SamplerConfig,
-    pub seed: u64,
-    pub stop_tokens: Vec<u32>,
-    pub prefill_step: usize,
+    /// Max tokens, sampler, seed, stop tokens and prefill chunk, exactly as plain decoding
+    /// takes them; speculative output has plain decoding's law under these settings.
+    pub generate: GenerateConfig,
+    /// Drafts per round, 1..=the drafter's block size γ; `None` uses the drafter's γ.
+    pub gamma: Option<usize>,
+    /// Confidence pruning of each block (off by default).
     pub pruning: Pruning,
 }
 
 impl SpecConfig {
-    /// The same request as a plain-decoding config (for baselines).
-    pub fn plain(&self) -> GenerateConfig {
-        GenerateConfig {
-            max_tokens: self.max_tokens,
-            sampler: self.sampler.clone(),
-            seed: self.seed,
-            prefill_step: self.prefill_step,
-            stop_tokens: self.stop_tokens.clone(),
+    /// The drafts per round for `drafter`, checked against its block size.
+    pub fn gamma_for(&self, drafter: &dyn Drafter) -> Result<usize> {
+        let g = self.gamma.unwrap_or_else(|| drafter.gamma());
+        if g < 1 {
+            return Err(Error::Settings { field: "gamma", detail: "gamma must be >= 1".into() });
         }
+        if g > drafter.gamma() {
+            return Err(Error::Settings {
+                field: "gamma",
+                detail: format!("gamma {g} exceeds the drafter's block size {}", drafter.gamma()),
+            });
+        }
+        Ok(g)
     }
 }
 
@@ -155,8 +163,8 @@ pub fn speculative_generate(
     cfg: &SpecConfig,
     on_token: impl FnMut(u32),
 ) -> Result<SpecOutput> {
-    let pre = prefill(target, &drafter.taps(), prompt, cfg.prefill_step)?;
-    decode_from(target, drafter, &pre, cfg, VerifyRule::Exact, on_token)
+    let pre = prefill(target, &drafter.taps(), prompt, cfg.generate.prefill_step)?;
+    decode_from(target, drafter, &pre, cfg, on_token)
 }
 
 /// Speculative decoding from a prefilled prompt (which must have been tapped for this drafter).
@@ -165,33 +173,42 @@ pub fn decode_from(
     drafter: &mut dyn Drafter,
     pre: &Prefilled,
     cfg: &SpecConfig,
+    on_token: impl FnMut(u32),
+) -> Result<SpecOutput> {
+    decode_with_rule(target, drafter, pre, cfg, VerifyRule::Exact, on_token)
+}
+
+pub(crate) fn decode_with_rule(
+    target: &Model,
+    drafter: &mut dyn Drafter,
+    pre: &Prefilled,
+    cfg: &SpecConfig,
     rule: VerifyRule,
     mut on_token: impl FnMut(u32),
 ) -> Result<SpecOutput> {
     let vocab = target.config().vocab_size;
-    if cfg.gamma < 1 {
-        return Err(Error::Settings { field: "gamma", detail: "gamma must be >= 1".into() });
-    }
-    if cfg.gamma > drafter.gamma() {
+    let gamma = cfg.gamma_for(drafter)?;
+    let gen = &cfg.generate;
+    gen.sampler.validate(vocab)?;
+    if cfg.pruning.is_active() && !drafter.has_confidence() {
         return Err(Error::Settings {
-            field: "gamma",
-            detail: format!("gamma {} exceeds the drafter's block size {}", cfg.gamma, drafter.gamma()),
+            field: "pruning",
+            detail: format!("{} has no confidence head, so its drafts cannot be pruned by confidence", drafter.name()),
         });
     }
-    cfg.sampler.validate(vocab)?;
-    let thresholds = cfg.pruning.resolve(drafter.thresholds(), cfg.gamma)?;
+    let thresholds = cfg.pruning.resolve(drafter.thresholds(), gamma)?;
     let taps = drafter.taps();
     if taps != pre.taps {
         return Err(Error::Contract("the prefill was tapped for a different drafter".into()));
     }
-    let greedy = cfg.sampler.is_greedy();
+    let greedy = gen.sampler.is_greedy();
     let mut stats = SpecStats {
         prompt_tokens: pre.prompt_tokens,
         prefill_forwards: pre.forwards,
         prefill_ms: pre.ms,
         ..Default::default()
     };
-    let mut keys = KeyChain::new(cfg.seed)?;
+    let mut keys = KeyChain::new(gen.seed)?;
     let mut cache = pre.cache.clone();
     let t1 = Instant::now();
     drafter.reset(pre.ctx.as_ref(), pre.committed)?;
@@ -200,7 +217,7 @@ pub fn decode_from(
     let mut pending = pre.pending;
     let mut tokens = Vec::new();
     let finish = 'rounds: loop {
-        if tokens.len() >= cfg.max_tokens {
+        if tokens.len() >= gen.max_tokens {
             break FinishReason::Length;
         }
         if drafter.context_len() != cache.offset() {
@@ -210,8 +227,8 @@ pub fn decode_from(
                 cache.offset()
             )));
         }
-        let remaining = cfg.max_tokens - tokens.len();
-        let max_drafts = cfg.gamma.min(remaining - 1);
+        let remaining = gen.max_tokens - tokens.len();
+        let max_drafts = gamma.min(remaining - 1);
         let anchor = Array::from_slice(&[pending], &[1])?;
 
         // Draft.
@@ -222,7 +239,7 @@ pub fn decode_from(
             let sampling = if greedy {
                 DraftSampling::Greedy
             } else {
-                DraftSampling::Sample { cfg: &cfg.sampler, keys: &mut keys }
+                DraftSampling::Sample { cfg: &gen.sampler, keys: &mut keys }
             };
             let req = DraftRequest {
                 anchor: &anchor,
@@ -240,9 +257,9 @@ pub fn decode_from(
                     p.len()
                 )));
             }
-            if !greedy && p.logits.is_none() {
+            if !greedy && p.q.is_none() {
                 return Err(Error::Contract(format!(
-                    "{} gave no draft logits; sampled verification needs q",
+                    "{} gave no draft distribution; sampled verification needs q",
                     drafter.name()
                 )));
             }
@@ -272,20 +289,26 @@ pub fn decode_from(
         let verdict = if greedy {
             greedy_verdict(&logits, proposal.as_ref(), rule, &mut stats)?
         } else {
-            sampled_verdict(&logits, proposal.as_ref(), &cfg.sampler, &mut keys, rule, &mut stats)?
+            sampled_verdict(&logits, proposal.as_ref(), &gen.sampler, &mut keys, rule, &mut stats)?
         };
 
         // Emit: accepted drafts, then the recovered/bonus token; stop exactly where plain
         // decoding would (a stop token is never emitted, even as an accepted draft).
         let mut emit = |t: u32, tokens: &mut Vec<u32>| -> Option<FinishReason> {
-            if cfg.stop_tokens.contains(&t) {
+            if gen.stop_tokens.contains(&t) {
                 return Some(FinishReason::Stop);
             }
             tokens.push(t);
             on_token(t);
-            (tokens.len() >= cfg.max_tokens).then_some(FinishReason::Length)
+            (tokens.len() >= gen.max_tokens).then_some(FinishReason::Length)
         };
-        stats.record_round(d, verdict.accepted);
+        if proposal.is_some() {
+            stats.record_round(d, verdict.accepted);
+        } else {
+            // The last token of a request can only come from a draft-free forward: it is a
+            // plain decode step, not a speculative round, so τ does not count it.
+            stats.plain_steps += 1;
+        }
         conf_samples.extend(round_conf.iter().enumerate().map(|(pos, &conf)| ConfSample {
             pos,
             conf,
@@ -312,6 +335,7 @@ pub fn decode_from(
         pending = next;
     };
     stats.emitted = tokens.len();
+    stats.stops = usize::from(finish == FinishReason::Stop);
     stats.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
     Ok(SpecOutput { tokens, finish, stats, conf_samples })
 }

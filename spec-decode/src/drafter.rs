@@ -27,6 +27,18 @@ impl DraftSampling<'_> {
     pub fn is_greedy(&self) -> bool {
         matches!(self, DraftSampling::Greedy)
     }
+
+    /// Under sampling, draws one token from the processed distribution of `logits` (the
+    /// target's filters and temperature) and returns it with that distribution q, which the
+    /// verifier must use as is: recomputing q later from the logits would rely on the filters
+    /// giving the same bits in another batch shape. `logits` // `[1, V]` f32 -> (`[1]` u32,
+    /// `[1, V]` f32). Greedy drafters pick their own argmax; this returns `None` for them.
+    pub fn draw(&mut self, logits: &Array) -> Result<Option<(Array, Array)>> {
+        let DraftSampling::Sample { cfg, keys } = self else { return Ok(None) };
+        let processed = crate::probs::processed_logits(logits, cfg)?;
+        let token = mlx_core::random::categorical(&processed, -1, &keys.next_key()?)?.astype(mlx_core::Dtype::U32)?;
+        Ok(Some((token, processed.softmax(&[-1], true)?)))
+    }
 }
 
 /// One proposal request.
@@ -49,9 +61,13 @@ pub struct DraftRequest<'a> {
 pub struct Proposal {
     /// Draft tokens // `[d]` uint32
     pub tokens: Array,
-    /// The logits each draft was drawn from, before any filtering // `[d, V]` f32. Required
-    /// under sampling (they define q), optional under greedy.
+    /// The raw logits of each draft position, before any filtering // `[d, V]` f32 (for
+    /// diagnostics and quantization checks; verification never reads them).
     pub logits: Option<Array>,
+    /// The processed distribution q each draft was drawn from (filters and temperature
+    /// applied, as the target's rows are) // `[d, V]` f32. Required under sampling; greedy
+    /// drafting leaves it `None`.
+    pub q: Option<Array>,
     /// Per-position confidence in (0, 1) // `[d]` f32, if the drafter has a confidence head.
     pub confidence: Option<Array>,
 }
@@ -73,6 +89,7 @@ impl Proposal {
         Ok(Proposal {
             tokens: self.tokens.slice_axis(0, 0, d)?,
             logits: self.logits.as_ref().map(|l| l.slice_axis(0, 0, d)).transpose()?,
+            q: self.q.as_ref().map(|l| l.slice_axis(0, 0, d)).transpose()?,
             confidence: self.confidence.as_ref().map(|c| c.slice_axis(0, 0, d)).transpose()?,
         })
     }
@@ -87,7 +104,12 @@ pub trait Drafter {
     /// The target hidden states the drafter reads, concatenated on features // `[.., m·H]`.
     /// Empty when the drafter reads no target context.
     fn taps(&self) -> TapSet;
-    /// Calibrated per-position confidence thresholds, if the checkpoint has them.
+    /// True if proposals carry a per-draft confidence (needed for confidence pruning).
+    fn has_confidence(&self) -> bool {
+        false
+    }
+    /// The checkpoint's own per-position confidence thresholds, if it has them (DSpark:
+    /// calibrated ones; DeepSpec: its `confidence_threshold`).
     fn thresholds(&self) -> Option<Vec<f32>> {
         None
     }

@@ -1,6 +1,23 @@
 //! Lossless speculative decoding for gemma4 targets: drafters propose, the target scores the
 //! anchor plus drafts in one forward, the verifier accepts a prefix and adds one recovered or
 //! bonus token, and every cache rolls back the rejected tips.
+//!
+//! Greedy output is bit-identical to plain greedy decoding of the target, and sampled output
+//! has exactly the target's distribution: the drafter changes speed, never what is emitted.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use gemma4::Model;
+//! use spec_decode::{load_drafter, speculative_generate, SpecConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let target = Model::load(Path::new("gemma-4-e2b"))?;
+//! let mut drafter = load_drafter(Path::new("gemma-4-e2b-dspark"), target.config())?;
+//! let out = speculative_generate(&target, drafter.as_mut(), &[2, 651, 6037], &SpecConfig::default(), |_| {})?;
+//! println!("{:?}\n{}", out.tokens, out.stats.summary());
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod accept;
@@ -14,12 +31,16 @@ mod error;
 pub mod loader;
 pub mod oracle;
 pub mod probs;
+mod rule;
 pub mod schedule;
 pub mod stats;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod verify;
 
 pub use decode::{decode_from, prefill, speculative_generate, FinishReason, Prefilled, SpecConfig, SpecOutput};
 pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 pub use error::{Error, Result};
+pub use loader::{detect, load_drafter, DrafterKind};
 pub use schedule::Pruning;
 pub use stats::SpecStats;

@@ -45,7 +45,7 @@ pub fn detect(dir: &Path) -> Result<DrafterKind> {
     }
     let model_type = v.get("model_type").and_then(Value::as_str).unwrap_or("");
     let hint = if model_type.starts_with("gemma4") {
-        format!(" — it is a Gemma-4 target model (model_type {model_type:?}); pass it as --model, not --drafter")
+        format!(" — it is a Gemma-4 target model (model_type {model_type:?}), not a drafter")
     } else {
         String::new()
     };

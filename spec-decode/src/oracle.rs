@@ -6,7 +6,7 @@
 use gemma4::TapSet;
 use mlx_core::{concatenate, Array, Dtype};
 
-use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
+use crate::drafter::{DraftRequest, Drafter, Proposal};
 use crate::error::Result;
 
 /// The target drafting for itself.
@@ -48,25 +48,27 @@ impl Drafter for SelfDrafter {
         let mut cache = req.target_cache.clone();
         let mut tok = req.anchor.reshape(&[1, 1])?;
         let mut sampling = req.sampling;
-        let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+        let (mut tokens, mut logits, mut qs) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..req.max_drafts.min(self.gamma) {
             // Stepwise, like the verify, so the proposals are exactly plain greedy's tokens.
             let h = req.target.forward_stepwise(&tok, &mut cache, None)?.hidden.squeeze(1)?; // [1, H]
             let l = req.target.logits_from_hidden(&h)?; // [1, V]
-                                                        // Under sampling q must be the law the draft is drawn from: draw from the same f32
-                                                        // logits the verifier reads as q (drawing from bf16 logits would bias it). Greedy
-                                                        // picks as plain decoding does, from the target-dtype logprobs.
+                                                        // Greedy picks as plain decoding does, from the target-dtype logprobs; sampling draws
+                                                        // from the f32 logits (drawing from bf16 logits would bias q).
             let lf = l.astype(Dtype::F32)?;
-            let t = match &mut sampling {
-                DraftSampling::Greedy => gemma4::sampling::logprobs(&l)?.argmax(-1, false)?,
-                DraftSampling::Sample { cfg, keys } => crate::probs::sample(&lf, cfg, &keys.next_key()?)?,
-            }
-            .astype(Dtype::U32)?;
+            let t = match sampling.draw(&lf)? {
+                Some((t, q)) => {
+                    qs.push(q);
+                    t
+                }
+                None => gemma4::sampling::logprobs(&l)?.argmax(-1, false)?.astype(Dtype::U32)?,
+            };
             logits.push(lf);
             tok = t.reshape(&[1, 1])?;
             tokens.push(t);
         }
-        Ok(Proposal { tokens: concatenate(&tokens, 0)?, logits: Some(concatenate(&logits, 0)?), confidence: None })
+        let q = if qs.is_empty() { None } else { Some(concatenate(&qs, 0)?) };
+        Ok(Proposal { tokens: concatenate(&tokens, 0)?, logits: Some(concatenate(&logits, 0)?), q, confidence: None })
     }
 
     fn commit(&mut self, _rows: Option<&Array>, k: usize) -> Result<()> {

@@ -15,7 +15,8 @@ pub enum Pruning {
     MinConf(f32),
     /// Per-position thresholds (index k = block position; entries past the end do not prune).
     Thresholds(Vec<f32>),
-    /// The drafter checkpoint's calibrated thresholds (an error if it has none).
+    /// The drafter checkpoint's own thresholds: calibrated ones for DSpark, `confidence_threshold`
+    /// for DeepSpec (an error if it has none).
     Calibrated,
 }
 
@@ -50,7 +51,7 @@ impl Pruning {
                 let v = calibrated.ok_or_else(|| Error::Settings {
                     field: "pruning",
                     detail:
-                        "the drafter checkpoint has no calibrated thresholds (config.sts); use a min confidence instead"
+                        "the drafter checkpoint has no thresholds of its own (a DSpark drafter gets them from calibration, a DeepSpec one from its confidence_threshold); give a minimum confidence instead"
                             .into(),
                 })?;
                 check(&v)?;
@@ -60,9 +61,10 @@ impl Pruning {
     }
 }
 
-/// The number of drafts kept: the first k ≥ 1 with `conf[k] < thresholds[k]`, else all.
+/// The number of drafts kept: the first k ≥ 1 with `conf[k] < thresholds[k]`, else all. A
+/// threshold of 1 always cuts (a sigmoid can round to exactly 1.0 in f32, which `<` would keep).
 pub fn kept_len(conf: &[f32], thresholds: &[f32]) -> usize {
-    (1..conf.len()).find(|&k| thresholds.get(k).is_some_and(|&t| conf[k] < t)).unwrap_or(conf.len())
+    (1..conf.len()).find(|&k| thresholds.get(k).is_some_and(|&t| t >= 1.0 || conf[k] < t)).unwrap_or(conf.len())
 }
 
 #[cfg(test)]
@@ -80,6 +82,12 @@ mod tests {
         assert_eq!(kept_len(&[0.9, 0.8, 0.3, 0.9], &[0.5; 4]), 2);
         assert_eq!(kept_len(&[0.9, 0.8, 0.7], &[0.5; 4]), 3);
         assert_eq!(kept_len(&[0.9, 0.8, 0.7], &[0.0, 0.0]), 3, "positions without a threshold never prune");
+    }
+
+    #[test]
+    fn a_threshold_of_one_always_cuts() {
+        assert_eq!(kept_len(&[1.0, 1.0, 1.0], &[1.0; 3]), 1, "saturated confidences are still cut at 1.0");
+        assert_eq!(kept_len(&[1.0, 1.0, 1.0], &[0.0, 1.0, 0.0]), 1);
     }
 
     #[test]

@@ -12,8 +12,14 @@ pub struct SpecStats {
     /// Drafts accepted by the verifier (a stop token ending the round early can leave some
     /// of them unemitted).
     pub accepted: usize,
-    /// Verify rounds (= target forwards after the prefill).
+    /// Speculative rounds: verify forwards that carried at least one draft.
     pub rounds: usize,
+    /// Target forwards after the prefill that carried no draft (the last token of a request
+    /// when only one was left to emit); plain decode steps, not counted in τ.
+    pub plain_steps: usize,
+    /// Requests that ended on a stop token (produced by the target but not emitted): 0 or 1
+    /// for one request, a count after [`SpecStats::absorb`].
+    pub stops: usize,
     /// `drafted_by_pos[i]`: rounds that verified a draft at block position i.
     pub drafted_by_pos: Vec<usize>,
     /// `accepted_by_pos[i]`: rounds that accepted the draft at block position i.
@@ -54,17 +60,24 @@ impl SpecStats {
         }
     }
 
-    /// Target forwards plain decoding would have run for the same tokens, minus ours.
-    pub fn forwards_saved(&self) -> usize {
-        self.emitted.saturating_sub(self.rounds)
+    /// Target forwards after the prefill: speculative rounds plus plain steps.
+    pub fn target_forwards(&self) -> usize {
+        self.rounds + self.plain_steps
     }
 
-    /// Host syncs per round.
+    /// Target forwards plain decoding would have run for the same tokens, minus ours. Plain
+    /// decoding runs one forward per token the target produced: every emitted token, plus the
+    /// stop token of each request that ended on one.
+    pub fn forwards_saved(&self) -> usize {
+        (self.emitted + self.stops).saturating_sub(self.target_forwards())
+    }
+
+    /// Host syncs per target forward.
     pub fn syncs_per_round(&self) -> f64 {
-        if self.rounds == 0 {
+        if self.target_forwards() == 0 {
             0.0
         } else {
-            self.host_syncs as f64 / self.rounds as f64
+            self.host_syncs as f64 / self.target_forwards() as f64
         }
     }
 
@@ -91,6 +104,8 @@ impl SpecStats {
         self.drafted += o.drafted;
         self.accepted += o.accepted;
         self.rounds += o.rounds;
+        self.plain_steps += o.plain_steps;
+        self.stops += o.stops;
         for (mine, theirs) in
             [(&mut self.drafted_by_pos, &o.drafted_by_pos), (&mut self.accepted_by_pos, &o.accepted_by_pos)]
         {
@@ -130,5 +145,33 @@ impl SpecStats {
             self.syncs_per_round(),
             self.prefill_ms
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_steps_are_not_rounds() {
+        let mut s = SpecStats::default();
+        s.record_round(4, 3); // 4 tokens
+        s.record_round(4, 0); // 1 token
+        s.plain_steps = 1; // the last token, drafted by nobody
+        s.emitted = 6;
+        assert_eq!(s.rounds, 2);
+        assert!((s.tau() - 2.5).abs() < 1e-12, "τ counts speculative rounds only: {}", s.tau());
+        assert_eq!(s.forwards_saved(), 3, "6 plain forwards against our 3");
+    }
+
+    #[test]
+    fn a_stop_token_costs_plain_decoding_a_forward_too() {
+        let mut s = SpecStats::default();
+        s.record_round(3, 3); // drafts a b c + bonus d
+        s.record_round(3, 1); // draft e, then the recovered token is the stop token
+        s.emitted = 5;
+        s.stops = 1;
+        // Plain decoding: a b c d e <stop> = 6 forwards; ours: 2.
+        assert_eq!(s.forwards_saved(), 4);
     }
 }

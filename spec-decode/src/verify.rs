@@ -7,21 +7,12 @@ use gemma4::sampling::{logprobs, SamplerConfig};
 use mlx_core::random::{self, categorical, KeyChain};
 use mlx_core::{concatenate, where_, Array, Dtype};
 
-use crate::accept::{greedy_accept, NextToken, RESIDUAL_MASS_EPSILON};
+use crate::accept::{first_rejection_or_bonus, NextToken, RESIDUAL_MASS_EPSILON};
 use crate::drafter::Proposal;
 use crate::error::{Error, Result};
 use crate::probs::probabilities;
+use crate::rule::VerifyRule;
 use crate::stats::SpecStats;
-
-/// Test-only switch that breaks the verify rule, to show the statistical gate has power.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum VerifyRule {
-    #[default]
-    Exact,
-    /// Accept every draft (wrong on purpose).
-    AcceptAll,
-}
 
 /// A verdict plus the host copy of the drafts it judged.
 pub(crate) struct Judged {
@@ -48,14 +39,12 @@ pub(crate) fn greedy_verdict(
     let host = both.to_vec::<u32>()?;
     stats.host_syncs += 1;
     let (drafts, picks) = host.split_at(d);
-    let (accepted, next) = match rule {
-        VerifyRule::Exact => {
-            let v = greedy_accept(drafts, picks);
-            (v.accepted, v.next)
-        }
-        VerifyRule::AcceptAll => (d, NextToken::Bonus(picks[d])),
+    let flags: Vec<bool> = match rule {
+        VerifyRule::Exact => drafts.iter().zip(picks).map(|(x, t)| x == t).collect(),
+        VerifyRule::AcceptAll => vec![true; d],
     };
-    Ok(Judged { accepted, next, drafts: drafts.to_vec() })
+    let v = first_rejection_or_bonus(&flags, &picks[..d], picks[d])?;
+    Ok(Judged { accepted: v.accepted, next: v.next, drafts: drafts.to_vec() })
 }
 
 /// Per draft, whether it is accepted given one uniform `u` in [0, 1): `u·q(x) < p(x)`, which
@@ -94,25 +83,24 @@ pub(crate) fn sampled_verdict(
         stats.host_syncs += 1;
         return Ok(Judged { accepted: 0, next: NextToken::Bonus(host[0]), drafts: vec![] });
     };
-    let q_logits = prop.logits.as_ref().ok_or_else(|| Error::Contract("no draft logits".into()))?;
-    let q = probabilities(q_logits, sampler)?; // [d, V]
+    // q exactly as the drafts were drawn from it (never recomputed here).
+    let q = prop.q.as_ref().ok_or_else(|| Error::Contract("no draft distribution q".into()))?; // [d, V] f32
     let pk = p.slice_axis(0, 0, d)?;
     let idx = prop.tokens.reshape(&[d, 1])?;
     let px = pk.take_along_axis(&idx, -1)?.reshape(&[d])?;
     let qx = q.take_along_axis(&idx, -1)?.reshape(&[d])?;
     let u = random::uniform(0.0, 1.0, &[d], Dtype::F32, &keys.next_key()?)?;
     let accept = accept_flags(&u, &px, &qx)?; // [d] bool
-    let recovered = categorical(&residual_logits(&pk, &q)?, -1, &keys.next_key()?)?.astype(Dtype::U32)?; // [d]
+    let recovered = categorical(&residual_logits(&pk, q)?, -1, &keys.next_key()?)?.astype(Dtype::U32)?; // [d]
     let packed = concatenate(&[&prop.tokens, &accept.astype(Dtype::U32)?, &recovered, &bonus], 0)?;
     let host = packed.to_vec::<u32>()?;
     stats.host_syncs += 1;
     let d = d as usize;
     let drafts = host[..d].to_vec();
-    let flags = &host[d..2 * d];
-    let accepted = match rule {
-        VerifyRule::Exact => flags.iter().position(|&f| f == 0).unwrap_or(d),
-        VerifyRule::AcceptAll => d,
+    let flags: Vec<bool> = match rule {
+        VerifyRule::Exact => host[d..2 * d].iter().map(|&f| f != 0).collect(),
+        VerifyRule::AcceptAll => vec![true; d],
     };
-    let next = if accepted < d { NextToken::Recovered(host[2 * d + accepted]) } else { NextToken::Bonus(host[3 * d]) };
-    Ok(Judged { accepted, next, drafts })
+    let v = first_rejection_or_bonus(&flags, &host[2 * d..3 * d], host[3 * d])?;
+    Ok(Judged { accepted: v.accepted, next: v.next, drafts })
 }

@@ -19,7 +19,8 @@ use mlx_core::quant::{quantize, QuantSpec};
 use mlx_core::random::KeyChain;
 use mlx_core::{concatenate, fast, Array, Dtype};
 use serde_json::{json, Value};
-use spec_decode::deepspec::{write_synthetic_deepspec, DeepSpecDrafter, SyntheticDeepSpec};
+use spec_decode::deepspec::DeepSpecDrafter;
+use spec_decode::testing::{write_synthetic_deepspec, SyntheticDeepSpec};
 use spec_decode::{DraftRequest, DraftSampling, Drafter, Proposal};
 
 // ---------------------------------------------------------------------------------------------
@@ -325,6 +326,16 @@ fn confidence_threshold_becomes_per_position_thresholds() {
     let dir = fx.drafter_dir("d", &SyntheticDeepSpec::default());
     edit_config(&dir, |m| drop(m.insert("confidence_threshold".into(), json!(0.5))));
     assert_eq!(fx.load(&dir).thresholds(), Some(vec![0.0, 0.5, 0.5, 0.5, 0.5]));
+    // Asked for (the checkpoint's own thresholds), a threshold of 1 keeps one draft per round.
+    edit_config(&dir, |m| drop(m.insert("confidence_threshold".into(), json!(1.0))));
+    let mut d = fx.load(&dir);
+    let sc = spec_decode::SpecConfig {
+        generate: gemma4::generate::GenerateConfig { max_tokens: 12, ..Default::default() },
+        pruning: spec_decode::Pruning::Calibrated,
+        ..Default::default()
+    };
+    let out = spec_decode::speculative_generate(&fx.model, &mut d, &prompt(6), &sc, |_| {}).unwrap();
+    assert!(out.stats.rounds > 0 && out.stats.drafted == out.stats.rounds, "{}", out.stats.summary());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use gemma4::checkpoint::write_random_checkpoint;
 use gemma4::config::{tiny_config_a, tiny_config_b};
+use gemma4::generate::GenerateConfig;
 use gemma4::{Model, TextConfig};
 use mlx_core::{Array, Dtype};
 use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
@@ -196,7 +197,7 @@ fn loader_refusals_name_the_problem() {
     assert!(e.contains("unexpected tensor \"bb.9.q\""), "{e}");
     // A target model passed as a drafter is pointed the right way.
     let e = err_text(load_drafter(target_dir, m.config()));
-    assert!(e.contains("target model") && e.contains("--model"), "{e}");
+    assert!(e.contains("target model") && e.contains("not a drafter"), "{e}");
     let e = err_text(load_drafter(&scratch("nothing-here"), m.config()));
     assert!(e.contains("not a directory"), "{e}");
     assert!(matches!(load_drafter(&v1, m.config()), Err(Error::Checkpoint { .. })));
@@ -212,7 +213,7 @@ fn calibration_is_stored_and_used_for_pruning() {
     let cal = Calibration { thresholds: vec![0.0, 1.0, 1.0, 1.0], target: 0.5, samples: 10 };
     write_calibration(&dir, &cal, false).unwrap();
     let e = write_calibration(&dir, &cal, false).unwrap_err().to_string();
-    assert!(e.contains("--force"), "{e}");
+    assert!(e.contains("already has calibrated thresholds") && e.contains("forced"), "{e}");
     assert!(
         write_calibration(&dir, &Calibration { thresholds: vec![0.0], ..cal.clone() }, true).is_err(),
         "length must be γ"
@@ -222,12 +223,8 @@ fn calibration_is_stored_and_used_for_pruning() {
     // Thresholds of 1.0 past position 0 keep exactly one draft per round.
     let p: Vec<u32> = (4..12).collect();
     let sc = SpecConfig {
-        gamma: 4,
-        max_tokens: 24,
-        sampler: Default::default(),
-        seed: 0,
-        stop_tokens: vec![],
-        prefill_step: 2048,
+        generate: GenerateConfig { max_tokens: 24, ..Default::default() },
+        gamma: Some(4),
         pruning: Pruning::Calibrated,
     };
     let out = speculative_generate(m, loaded.as_mut(), &p, &sc, |_| {}).unwrap();
@@ -237,5 +234,98 @@ fn calibration_is_stored_and_used_for_pruning() {
     // An uncalibrated drafter cannot use Pruning::Calibrated.
     let mut plain = DSparkDrafter::init(cfg(4, vec![1, 6]), m.config(), "tiny", 3, true).unwrap();
     let e = speculative_generate(m, &mut plain, &p, &sc, |_| {}).unwrap_err().to_string();
-    assert!(e.contains("no calibrated thresholds"), "{e}");
+    assert!(e.contains("no thresholds of its own"), "{e}");
+}
+
+#[test]
+fn descriptor_records_the_target_depth_and_is_checked() {
+    let (_, m) = &target();
+    let d = DSparkDrafter::init(cfg(4, vec![1, 6]), m.config(), "tiny", 3, false).unwrap();
+    let good = d.save(&scratch("depth"), false).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(good.join("dspark.json")).unwrap()).unwrap();
+    assert_eq!(v["version"], 2);
+    assert_eq!(v["dims"]["numLayers"], m.config().num_hidden_layers);
+    let edited = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> String {
+        let dir = scratch(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(good.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+        let mut v = v.clone();
+        edit(&mut v);
+        std::fs::write(dir.join("dspark.json"), v.to_string()).unwrap();
+        err_text(load_drafter(&dir, m.config()))
+    };
+    let e = edited("depth-other", &|v| v["dims"]["numLayers"] = 9.into());
+    assert!(e.contains("numLayers 9") && e.contains("num_hidden_layers 6"), "{e}");
+    let e = edited("depth-missing", &|v| drop(v["dims"].as_object_mut().unwrap().remove("numLayers")));
+    assert!(e.contains("dims.numLayers is missing"), "{e}");
+    // Version 1 had no depth: a final-norm tap (index == depth) cannot be trusted.
+    let e = edited("depth-v1", &|v| {
+        v["version"] = 1.into();
+        drop(v["dims"].as_object_mut().unwrap().remove("numLayers"));
+    });
+    assert!(e.contains("version-1") && e.contains("taps index 6"), "{e}");
+    let e = edited("version", &|v| v["version"] = 7.into());
+    assert!(e.contains("format version 7 is not supported"), "{e}");
+    let e = edited("eps", &|v| v["dims"]["eps"] = serde_json::json!(-1e-6));
+    assert!(e.contains("dims.eps") && e.contains("> 0"), "{e}");
+}
+
+#[test]
+fn a_quantized_confidence_head_is_refused() {
+    let (_, m) = &target();
+    let d = DSparkDrafter::init(cfg(4, vec![1, 3]), m.config(), "tiny", 3, false).unwrap();
+    let dir = d.save(&scratch("qconf"), false).unwrap();
+    let path = dir.join("model.safetensors");
+    let mut t = mlx_core::load_safetensors(&path).unwrap().tensors;
+    // conf.w stored as if quantized: .weight/.scales/.biases instead of the dense tensor.
+    let w = t.remove("conf.w").unwrap();
+    t.insert("conf.w.weight".into(), w.clone());
+    t.insert("conf.w.scales".into(), Array::zeros(&[1, 1], Dtype::F32).unwrap());
+    t.insert("conf.w.biases".into(), Array::zeros(&[1, 1], Dtype::F32).unwrap());
+    mlx_core::save_safetensors(&path, t.iter().map(|(n, a)| (n.as_str(), a)), &Default::default()).unwrap();
+    let e = err_text(load_drafter(&dir, m.config()));
+    assert!(e.contains("conf.w is quantized") && e.contains("must stay dense"), "{e}");
+}
+
+#[test]
+fn pruning_needs_a_confidence_head() {
+    use spec_decode::oracle::SelfDrafter;
+    use spec_decode::{speculative_generate, Pruning, SpecConfig};
+    let (_, m) = &target();
+    let p: Vec<u32> = (4..12).collect();
+    for pruning in [Pruning::MinConf(0.5), Pruning::Calibrated, Pruning::Thresholds(vec![])] {
+        let sc =
+            SpecConfig { generate: GenerateConfig { max_tokens: 8, ..Default::default() }, gamma: Some(2), pruning };
+        let e = speculative_generate(m, &mut SelfDrafter::new(2), &p, &sc, |_| {}).unwrap_err().to_string();
+        assert!(e.contains("no confidence head"), "{e}");
+    }
+}
+
+#[test]
+fn stats_exclude_the_last_draft_free_step_and_count_the_stop_token() {
+    use spec_decode::oracle::SelfDrafter;
+    use spec_decode::{speculative_generate, SpecConfig};
+    let (_, m) = &target();
+    let p: Vec<u32> = (4..12).collect();
+    // The target drafting for itself accepts everything: rounds of γ + 1 tokens.
+    let sc = SpecConfig {
+        generate: GenerateConfig { max_tokens: 7, ..Default::default() },
+        gamma: Some(2),
+        ..Default::default()
+    };
+    let out = speculative_generate(m, &mut SelfDrafter::new(2), &p, &sc, |_| {}).unwrap();
+    assert_eq!(out.tokens.len(), 7);
+    // 3 + 3 tokens in two full rounds, then one token alone: a plain step, not a round.
+    assert_eq!((out.stats.rounds, out.stats.plain_steps), (2, 1), "{}", out.stats.summary());
+    assert!((out.stats.tau() - 3.0).abs() < 1e-9, "τ {}", out.stats.tau());
+    assert_eq!(out.stats.forwards_saved(), 4);
+    // Stop on the 5th token: plain decoding needs 5 forwards (4 emitted + the stop token).
+    let stop = out.tokens[4];
+    let first = out.tokens.iter().position(|&t| t == stop).unwrap();
+    let sc = SpecConfig { generate: GenerateConfig { stop_tokens: vec![stop], ..sc.generate.clone() }, ..sc };
+    let out = speculative_generate(m, &mut SelfDrafter::new(2), &p, &sc, |_| {}).unwrap();
+    assert_eq!(out.tokens.len(), first);
+    assert_eq!(out.stats.stops, 1);
+    assert_eq!(out.stats.forwards_saved(), first + 1 - out.stats.target_forwards());
 }

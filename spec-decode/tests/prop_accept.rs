@@ -8,7 +8,9 @@
 use mlx_core::Array;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
-use spec_decode::accept::{greedy_accept, residual, speculative_sample, step_distribution, NextToken, Verdict};
+use spec_decode::accept::{
+    first_rejection_or_bonus, greedy_accept, residual, speculative_sample, step_distribution, NextToken, Verdict,
+};
 use spec_decode::verify::{accept_flags, residual_logits};
 
 fn config() -> ProptestConfig {
@@ -299,5 +301,66 @@ proptest! {
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let greedy: Verdict = greedy_accept(&drafts, &target);
         prop_assert_eq!(sampled, greedy);
+    }
+
+    /// The device verifier's selection, fed greedy flags (draft == pick), is the greedy reference.
+    #[test]
+    fn selection_matches_greedy_accept(
+        (target, drafts) in (2usize..12, 0usize..8).prop_flat_map(|(v, d)| {
+            let v = v as u32;
+            (prop::collection::vec(0..v, d + 1), prop::collection::vec(0..v, d), 0..=d).prop_map(
+                move |(target, tail, copied)| {
+                    let drafts: Vec<u32> = target[..copied].iter().chain(&tail[copied..]).copied().collect();
+                    (target, drafts)
+                },
+            )
+        })
+    ) {
+        let d = drafts.len();
+        let flags: Vec<bool> = drafts.iter().zip(&target).map(|(a, b)| a == b).collect();
+        let selected = first_rejection_or_bonus(&flags, &target[..d], target[d])
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(selected, greedy_accept(&drafts, &target));
+    }
+
+    /// The device verifier's selection, fed each position's own test and candidates (every
+    /// flag, recovered token and the bonus computed independently, as the device does in one
+    /// pass), gives exactly the sequential reference's verdict on the same draws.
+    #[test]
+    fn selection_matches_speculative_sample(
+        r in round(false),
+        accept_us in prop::collection::vec(0.0f32..1.0, 6),
+        residual_u in 0.0f32..1.0,
+        bonus_u in 0.0f32..1.0,
+    ) {
+        let d = r.drafts.len();
+        let fail = |e: spec_decode::accept::AcceptError| TestCaseError::fail(e.to_string());
+        let (mut flags, mut recovered) = (Vec::new(), Vec::new());
+        for (k, &u) in accept_us.iter().enumerate().take(d) {
+            let (p, q) = (r.p_rows[k].as_slice(), r.q_rows[k].as_slice());
+            let one = speculative_sample(&r.drafts[k..=k], &[q], &[p, p], &mut cycle(vec![u, residual_u]))
+                .map_err(fail)?;
+            flags.push(one.accepted == 1);
+            recovered.push(if one.accepted == 1 { u32::MAX } else { one.next.token() });
+        }
+        let bonus = speculative_sample(&[], &[], &[r.p_rows[d].as_slice()], &mut cycle(vec![bonus_u]))
+            .map_err(fail)?
+            .next
+            .token();
+        let selected = first_rejection_or_bonus(&flags, &recovered, bonus).map_err(fail)?;
+        // The sequential reference draws lazily: the accept draws up to the first rejection, then
+        // the residual draw, or the bonus draw if nothing was rejected.
+        let mut stream: Vec<f32> = accept_us[..flags.iter().position(|f| !f).map_or(d, |k| k + 1)].to_vec();
+        stream.push(if selected.next.is_bonus() { bonus_u } else { residual_u });
+        let reference = speculative_sample(&r.drafts, &rows(&r.q_rows), &rows(&r.p_rows), &mut cycle(stream))
+            .map_err(fail)?;
+        prop_assert_eq!(selected, reference);
+    }
+
+    /// Flags and candidates of different lengths are refused, not indexed out of bounds.
+    #[test]
+    fn selection_refuses_mismatched_lengths(d in 0usize..6, extra in 1usize..3) {
+        let flags = vec![true; d];
+        prop_assert!(first_rejection_or_bonus(&flags, &vec![0; d + extra], 0).is_err());
     }
 }

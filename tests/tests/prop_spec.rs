@@ -119,15 +119,11 @@ proptest! {
         // A stop token taken from the plain output makes the stop land inside a round.
         let stop: Vec<u32> = stop_at.and_then(|i| plain_all.get(i).copied()).into_iter().collect();
         let cfg = SpecConfig {
-            gamma,
-            max_tokens,
-            sampler: Default::default(),
-            seed: 0,
-            stop_tokens: stop.clone(),
-            prefill_step: 5,
+            generate: GenerateConfig { max_tokens, stop_tokens: stop.clone(), prefill_step: 5, ..Default::default() },
+            gamma: Some(gamma),
             pruning: if prune { Pruning::MinConf(0.5) } else { Pruning::Off },
         };
-        let plain = generate(&model, &p, &cfg.plain(), |_| {}).unwrap().tokens;
+        let plain = generate(&model, &p, &cfg.generate, |_| {}).unwrap().tokens;
         let log = Rc::new(RefCell::new(Vec::new()));
         let inner: Box<dyn Drafter> = if use_self { Box::new(SelfDrafter::new(6)) } else { Box::new(dspark(&model, salt as u64)) };
         let mut d = Checked { inner, log: log.clone(), committed: 0 };

@@ -19,15 +19,17 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use gemma4::checkpoint::{quantize_checkpoint, write_random_checkpoint};
 use gemma4::config::{tiny_config_a, tiny_config_b, tiny_dense_config};
-use gemma4::generate::{generate, prefill as plain_prefill, step_logits};
+use gemma4::generate::{generate, prefill as plain_prefill, step_logits, GenerateConfig};
 use gemma4::sampling::{logprobs, Sampler, SamplerConfig};
 use gemma4::{Model, TextConfig};
 use mlx_core::{Array, Dtype};
-use spec_decode::decode::{decode_from, prefill, VerifyRule};
-use spec_decode::deepspec::{write_synthetic_deepspec, DeepSpecDrafter, SyntheticDeepSpec};
+use spec_decode::decode::{decode_from, prefill};
+use spec_decode::deepspec::DeepSpecDrafter;
 use spec_decode::dspark::{fit_bigram_drafter, DSparkConfig, DSparkDrafter};
 use spec_decode::oracle::SelfDrafter;
 use spec_decode::probs::probabilities;
+use spec_decode::testing::{decode_from_with_rule, VerifyRule};
+use spec_decode::testing::{write_synthetic_deepspec, SyntheticDeepSpec};
 use spec_decode::{speculative_generate, Drafter, Pruning, SpecConfig};
 
 use crate::chisq;
@@ -65,7 +67,8 @@ fn fitted_dspark(model: &Model) -> Result<DSparkDrafter> {
 }
 
 fn spec_cfg(gamma: usize, max_tokens: usize, sampler: SamplerConfig, seed: u64, pruning: Pruning) -> SpecConfig {
-    SpecConfig { gamma, max_tokens, sampler, seed, stop_tokens: vec![], prefill_step: 2048, pruning }
+    let generate = GenerateConfig { max_tokens, sampler, seed, ..Default::default() };
+    SpecConfig { generate, gamma: Some(gamma), pruning }
 }
 
 struct Target {
@@ -104,7 +107,7 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
         let model = Model::load(&t.dir).with_context(|| format!("loading {}", t.dir.display()))?;
         let p = prompt(21, model.config().vocab_size as u32);
         let plain =
-            generate(&model, &p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?
+            generate(&model, &p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).generate, |_| {})?
                 .tokens;
         let cfg = model.config();
         let n = cfg.num_hidden_layers;
@@ -230,8 +233,13 @@ pub fn quantized_drafters(root: &Path, tokens: usize) -> Result<()> {
         let plain: Vec<Vec<u32>> = prompts
             .iter()
             .map(|p| {
-                Ok(generate(&model, p, &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).plain(), |_| {})?
-                    .tokens)
+                Ok(generate(
+                    &model,
+                    p,
+                    &spec_cfg(1, tokens, SamplerConfig::greedy(), 0, Pruning::Off).generate,
+                    |_| {},
+                )?
+                .tokens)
             })
             .collect::<Result<_>>()?;
         let n = cfg.num_hidden_layers;
@@ -373,7 +381,7 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
             7_000_000 + i,
             Pruning::Thresholds(vec![]),
         );
-        let out = decode_from(&model, &mut drafter, &pre, &c, VerifyRule::Exact, |_| {})?;
+        let out = decode_from(&model, &mut drafter, &pre, &c, |_| {})?;
         confs.extend(out.conf_samples.iter().filter(|s| s.pos == 1).map(|s| s.conf));
     }
     confs.sort_by(f32::total_cmp);
@@ -402,7 +410,7 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         for i in 0..n_spec {
             // Three tokens, so the first round verifies up to two drafts (positions 0 and 1).
             let c = spec_cfg(3, 3, sampler.clone(), (ci * n + i) as u64, pruning.clone());
-            let out = decode_from(&model, &mut drafter, &pre, &c, *rule, |_| {})?;
+            let out = decode_from_with_rule(&model, &mut drafter, &pre, &c, *rule, |_| {})?;
             if out.tokens.len() < 2 {
                 bail!("a speculative sample emitted {} tokens, expected 3", out.tokens.len());
             }

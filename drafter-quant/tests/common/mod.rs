@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use drafter_quant::{Progress, QuantReport, QuantizeOptions, Smoke};
 use gemma4::config::tiny_config_a;
 use mlx_core::Array;
-use spec_decode::deepspec::{write_synthetic_deepspec, SyntheticDeepSpec};
 use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
+use spec_decode::testing::{write_synthetic_deepspec, SyntheticDeepSpec};
 
 /// A scratch directory removed on drop.
 pub struct Scratch(pub PathBuf);

@@ -20,7 +20,8 @@
 mod config;
 mod context;
 mod model;
-mod synthetic;
+#[cfg(feature = "testing")]
+pub(crate) mod synthetic;
 
 use std::path::Path;
 
@@ -31,7 +32,6 @@ use mlx_core::{concatenate, Array, Dtype};
 pub use crate::context_cache::LayerKv;
 pub use config::{DeepSpecConfig, RopeKind, ARCHITECTURE};
 pub use context::ContextKv;
-pub use synthetic::{write_synthetic_deepspec, SyntheticDeepSpec};
 
 use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 use crate::error::{Error, Result};
@@ -143,7 +143,8 @@ impl DeepSpecDrafter {
         let n = max_drafts.min(self.model.cfg.block_size);
         let mut sampling = sampling;
         let mut prev = anchor.reshape(&[1])?.astype(Dtype::U32)?; // [1]
-        let (mut tokens, mut logits, mut conf) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut tokens, mut logits, mut qs, mut conf) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for k in 0..n as i32 {
             let base_k = block.base_logits.slice_axis(1, k, k + 1)?.reshape(&[1, v])?; // [1, V]
             let e1 = self.model.markov.as_ref().map(|m| m.w1.forward(&prev)).transpose()?; // [1, r]
@@ -152,11 +153,13 @@ impl DeepSpecDrafter {
                 _ => base_k,
             };
             let step32 = step.astype(Dtype::F32)?;
-            let tok = match &mut sampling {
-                DraftSampling::Greedy => step.argmax(-1, false)?,
-                DraftSampling::Sample { cfg, keys } => crate::probs::sample(&step32, cfg, &keys.next_key()?)?,
-            }
-            .astype(Dtype::U32)?; // [1]
+            let tok = match sampling.draw(&step32)? {
+                Some((t, q)) => {
+                    qs.push(q);
+                    t
+                }
+                None => step.argmax(-1, false)?.astype(Dtype::U32)?,
+            }; // [1]
             if let Some(c) = &self.model.confidence {
                 let h_k = block.hidden.slice_axis(1, k, k + 1)?.reshape(&[1, h])?; // [1, H]
                 let input = match (&e1, self.model.cfg.confidence_head_with_markov) {
@@ -174,6 +177,7 @@ impl DeepSpecDrafter {
         Ok(Proposal {
             tokens: cat(&tokens)?,                                              // [d] u32
             logits: Some(cat(&logits)?),                                        // [d, V] f32
+            q: if qs.is_empty() { None } else { Some(cat(&qs)?) },              // [d, V] f32
             confidence: if conf.is_empty() { None } else { Some(cat(&conf)?) }, // [d] f32
         })
     }
@@ -211,6 +215,10 @@ impl Drafter for DeepSpecDrafter {
                 TapPoint::Layer(l)
             }
         }))
+    }
+
+    fn has_confidence(&self) -> bool {
+        self.model.confidence.is_some()
     }
 
     /// DeepSpec's `confidence_threshold` (absent in released configs) as per-position

@@ -1,14 +1,15 @@
-//! `dspark.json`: the DSpark drafter checkpoint descriptor (spec-decode.md §12.1, §10.7).
+//! `dspark.json`: the DSpark drafter checkpoint descriptor (format in docs/formats.md).
 //!
 //! ```json
-//! { "kind": "dspark-drafter", "variant": "dspark", "version": 1,
+//! { "kind": "dspark-drafter", "variant": "dspark", "version": 2,
 //!   "target_id": "<model>@<hidden>x<vocab>",
 //!   "config": { "gamma", "dDraft", "nLayers", "nHeads", "markovRank", "ffMult", "tapLayers",
 //!               "seqHead"?, "sts"?: { "thresholds", "target", "samples" } },
-//!   "dims": { "hiddenSize", "vocabSize", "eps" }, "param_names": [...] }
+//!   "dims": { "hiddenSize", "vocabSize", "eps", "numLayers" }, "param_names": [...] }
 //! ```
 //! Tap index `i < num_hidden_layers` is the residual after layer i; `i == num_hidden_layers` is
-//! the post-final-norm hidden (the original's sentinel).
+//! the post-final-norm hidden. That makes a tap's meaning depend on the target's depth, so
+//! version 2 records `numLayers` and the loader requires the target to have exactly that many.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -23,6 +24,8 @@ use crate::error::{Error, Result};
 pub const KIND: &str = "dspark-drafter";
 /// Variants this crate loads; `"dflash"` is the legacy spelling of the same module.
 pub const VARIANTS: [&str; 2] = ["dspark", "dflash"];
+/// The descriptor version this crate writes. Version 1 lacks `dims.numLayers`.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Calibrated per-position confidence thresholds (`config.sts`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -57,6 +60,9 @@ pub struct Dims {
     pub hidden_size: usize,
     pub vocab_size: usize,
     pub eps: f32,
+    /// The target's decoder layer count (version 2; a tap equal to it is the final-norm output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_layers: Option<usize>,
 }
 
 /// The whole descriptor.
@@ -228,6 +234,18 @@ pub fn read_descriptor(dir: &Path) -> Result<Descriptor> {
     if d.kind != KIND {
         return Err(Error::checkpoint(&path, format!("kind is {:?}, expected {KIND:?}", d.kind)));
     }
+    if !(1..=FORMAT_VERSION).contains(&d.version) {
+        return Err(Error::checkpoint(
+            &path,
+            format!("format version {} is not supported (this build reads 1..={FORMAT_VERSION})", d.version),
+        ));
+    }
+    if d.version >= 2 && d.dims.num_layers.is_none() {
+        return Err(Error::checkpoint(&path, "dims.numLayers is missing (required from format version 2)"));
+    }
+    if !(d.dims.eps.is_finite() && d.dims.eps > 0.0) {
+        return Err(Error::checkpoint(&path, format!("dims.eps is {}, expected a finite value > 0", d.dims.eps)));
+    }
     d.config.validate(&path)?;
     let derived = d.config.param_names();
     let (listed, wanted): (BTreeSet<&String>, BTreeSet<&String>) =
@@ -255,6 +273,24 @@ pub fn check_target(d: &Descriptor, target: &TextConfig) -> Result<()> {
     if d.dims.vocab_size != target.vocab_size {
         return inc(format!("drafter vocabSize {} vs target vocab_size {}", d.dims.vocab_size, target.vocab_size));
     }
+    match d.dims.num_layers {
+        Some(n) if n != target.num_hidden_layers => {
+            return inc(format!(
+                "drafter numLayers {n} vs target num_hidden_layers {} (tap indices mean different layers)",
+                target.num_hidden_layers
+            ));
+        }
+        // Version 1 did not record the depth: a tap equal to the target's layer count would mean
+        // "final norm" only if the drafter was built for this depth, which cannot be checked.
+        None if d.config.tap_layers.contains(&target.num_hidden_layers) => {
+            return inc(format!(
+                "a version-1 checkpoint taps index {} (the final norm of a {}-layer target) but does not record the \
+                 depth it was built for; re-save it with this version",
+                target.num_hidden_layers, target.num_hidden_layers
+            ));
+        }
+        _ => {}
+    }
     if let Some(&bad) = d.config.tap_layers.iter().find(|&&t| t > target.num_hidden_layers) {
         return inc(format!(
             "tap layer {bad} out of range for a {}-layer target (valid: 0..={}, {} = post-norm)",
@@ -279,7 +315,7 @@ pub fn write_calibration(dir: &Path, calibration: &Calibration, force: bool) -> 
         return Err(Error::checkpoint(
             &path,
             format!(
-                "already has calibrated thresholds (target={}, samples={}) — pass --force to recalibrate",
+                "already has calibrated thresholds (target={}, samples={}); replacing them must be forced",
                 old.target, old.samples
             ),
         ));

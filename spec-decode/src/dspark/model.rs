@@ -23,10 +23,11 @@ use mlx_core::random::{self, KeyChain};
 use mlx_core::{concatenate, fast, gelu_approx, Array, Dtype};
 
 use super::config::{
-    check_target, param_kind, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, ParamKind, KIND,
+    check_target, param_kind, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, ParamKind, FORMAT_VERSION,
+    KIND,
 };
 use crate::context_cache::{ContextCache, LayerKv};
-use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
+use crate::drafter::{DraftRequest, Drafter, Proposal};
 use crate::error::{Error, Result};
 
 /// A matrix parameter: dense `[in, out]` (`x @ W`), or MLX-affine quantized Wᵀ `[out, in]`
@@ -154,7 +155,12 @@ impl DSparkDrafter {
         seed: u64,
         random_heads: bool,
     ) -> Result<Self> {
-        let dims = Dims { hidden_size: target.hidden_size, vocab_size: target.vocab_size, eps: target.rms_norm_eps };
+        let dims = Dims {
+            hidden_size: target.hidden_size,
+            vocab_size: target.vocab_size,
+            eps: target.rms_norm_eps,
+            num_layers: Some(target.num_hidden_layers),
+        };
         cfg.validate(Path::new("<new drafter>"))?;
         let mut keys = KeyChain::new(seed)?;
         let mut params = BTreeMap::new();
@@ -231,6 +237,12 @@ impl DSparkDrafter {
         for name in d.config.param_names() {
             let want = d.config.param_shape(&name, &d.dims).unwrap_or_default();
             if raw.contains_key(&format!("{name}.scales")) {
+                if param_kind(&name) == ParamKind::ConfidenceHead {
+                    return Err(Error::checkpoint(
+                        dir,
+                        format!("{name} is quantized, but the confidence head must stay dense (pruning thresholds are sensitive to it)"),
+                    ));
+                }
                 if quant_cfg.is_none() {
                     return Err(Error::checkpoint(
                         dir,
@@ -276,7 +288,7 @@ impl DSparkDrafter {
         let d = Descriptor {
             kind: KIND.into(),
             variant: Some("dspark".into()),
-            version: 1,
+            version: FORMAT_VERSION,
             target_id: self.target_id.clone(),
             config: self.cfg.clone(),
             dims: self.dims.clone(),
@@ -364,6 +376,10 @@ impl Drafter for DSparkDrafter {
         self.taps.clone()
     }
 
+    fn has_confidence(&self) -> bool {
+        true
+    }
+
     fn thresholds(&self) -> Option<Vec<f32>> {
         self.cfg.sts.as_ref().map(|s| s.thresholds.clone())
     }
@@ -399,17 +415,21 @@ impl Drafter for DSparkDrafter {
         let block = block.squeeze(0)?; // [γ, D]
         let mut prev = req.anchor.reshape(&[1])?;
         let mut sampling = req.sampling;
-        let (mut tokens, mut logits, mut conf) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut tokens, mut logits, mut qs, mut conf) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for k in 0..n as i32 {
             let e1 = w1.rows(&prev)?; // [1, r]
             let lk = u.slice_axis(0, k, k + 1)?.add(&w2.apply(&e1)?.astype(Dtype::F32)?)?; // [1, V] f32
-            let tok = match &mut sampling {
-                DraftSampling::Greedy => lk.argmax(-1, false)?,
-                DraftSampling::Sample { cfg, keys } => crate::probs::sample(&lk, cfg, &keys.next_key()?)?,
+            let tok = match sampling.draw(&lk)? {
+                Some((t, q)) => {
+                    qs.push(q);
+                    t
+                }
+                None => lk.argmax(-1, false)?.astype(Dtype::U32)?,
             }; // [1]
             let hk = block.slice_axis(0, k, k + 1)?;
             let c = concatenate(&[&hk, &e1], -1)?.matmul(cw)?.add(cb)?.sigmoid()?.reshape(&[1])?;
-            tokens.push(tok.astype(Dtype::U32)?);
+            tokens.push(tok);
             logits.push(lk);
             conf.push(c);
             prev = tokens[k as usize].clone();
@@ -417,6 +437,7 @@ impl Drafter for DSparkDrafter {
         Ok(Proposal {
             tokens: concatenate(&tokens, 0)?,
             logits: Some(concatenate(&logits, 0)?),
+            q: if qs.is_empty() { None } else { Some(concatenate(&qs, 0)?) },
             confidence: Some(concatenate(&conf, 0)?),
         })
     }
