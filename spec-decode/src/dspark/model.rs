@@ -30,42 +30,44 @@ use crate::context_cache::{ContextCache, LayerKv};
 use crate::drafter::{DraftRequest, Drafter, Proposal};
 use crate::error::{Error, Result};
 
-/// A matrix parameter: dense `[in, out]` (`x @ W`), or MLX-affine quantized Wᵀ `[out, in]`
-/// (`quantized_matmul(x, Wᵀ, transpose)`), as drafter-quant writes it.
-#[derive(Clone)]
-enum Mat {
-    Dense(Array),
-    Quant(Quantized),
-}
-
-impl Mat {
-    /// `x @ W` // `[.., in]` -> `[.., out]`
-    fn apply(&self, x: &Array) -> Result<Array> {
-        Ok(match self {
-            Mat::Dense(w) => x.matmul(w)?,
-            Mat::Quant(q) => q.matmul_t(x)?,
-        })
-    }
-
-    /// Rows of a gather table (stored as is, rows = tokens) // [n] -> `[n, cols]`
-    fn rows(&self, ids: &Array) -> Result<Array> {
-        Ok(match self {
-            Mat::Dense(w) => w.take(ids, 0)?,
-            Mat::Quant(q) => q.gather_rows(ids)?.astype(Dtype::F32)?,
-        })
-    }
-}
-
+/// The matmul weights of one backbone layer. Dense matrices are stored `[in, out]` and used as
+/// `x @ W`; they are held as `LinearWeights::Dense(Wᵀ)` (a transposed view) so the dense and
+/// quantized cases share gemma4's `x @ Wᵀ` product (transposing the view back gives MLX the
+/// original layout, so the bits are those of `x @ W`).
 struct Layer {
     attn_norm: Array,
-    q: Mat,
-    k: Mat,
-    v: Mat,
-    o: Mat,
+    q: LinearWeights,
+    k: LinearWeights,
+    v: LinearWeights,
+    o: LinearWeights,
     ff_norm: Array,
-    gate: Mat,
-    up: Mat,
-    down: Mat,
+    gate: LinearWeights,
+    up: LinearWeights,
+    down: LinearWeights,
+}
+
+/// Every parameter as a typed field, so the forward never looks anything up by name.
+struct Weights {
+    layers: Vec<Layer>,
+    /// Context projection `[m·H, D]`.
+    w_c: LinearWeights,
+    ctx_norm: Array,
+    /// Anchor embedding projection `[H, D]`.
+    tok_proj: LinearWeights,
+    /// Embeddings of the γ−1 mask slots // `[max(γ−1, 1), D]`
+    mask_emb: Array,
+    /// Block position embeddings // `[γ, D]`
+    block_pos: Array,
+    out_norm: Array,
+    /// Back to the target's hidden size `[D, H]`.
+    out_proj: LinearWeights,
+    /// Markov gather table, rows are tokens // `[V, r]`
+    markov_w1: LinearWeights,
+    /// Markov bias projection `[r, V]`.
+    markov_w2: LinearWeights,
+    /// Confidence head `[D + r, 1]` and bias `[1]` (always dense).
+    conf_w: Array,
+    conf_b: Array,
 }
 
 /// Parameters that may be quantized: the matmul weights and the Markov gather table.
@@ -79,16 +81,67 @@ pub struct DSparkDrafter {
     dims: Dims,
     target_id: String,
     taps: TapSet,
-    layers: Vec<Layer>,
-    /// Dense parameters by name (everything not quantized).
+    w: Weights,
+    /// Dense parameters by name, as loaded or initialised (what `save` writes).
     params: BTreeMap<String, Array>,
-    /// Matrix parameters, dense or quantized.
-    mats: BTreeMap<String, Mat>,
     ctx: Option<ContextCache>,
 }
 
-fn p<'a>(params: &'a BTreeMap<String, Array>, name: &str) -> Result<&'a Array> {
-    params.get(name).ok_or_else(|| Error::Contract(format!("dspark parameter {name} missing")))
+impl Weights {
+    fn build(
+        cfg: &DSparkConfig,
+        params: &BTreeMap<String, Array>,
+        quantized: &BTreeMap<String, Quantized>,
+    ) -> Result<Weights> {
+        let missing = |n: &str| Error::Contract(format!("dspark parameter {n} missing"));
+        let dense = |n: &str| params.get(n).cloned().ok_or_else(|| missing(n));
+        let linear = |n: &str| -> Result<LinearWeights> {
+            if !quantizable(n) {
+                return Err(Error::Contract(format!("dspark parameter {n} is not a matrix")));
+            }
+            Ok(match quantized.get(n) {
+                Some(q) => LinearWeights::Quantized(q.clone()),
+                // The gather table keeps its stored orientation; matmul weights are `[in, out]`.
+                None if n == "markov.w1" => LinearWeights::Dense(dense(n)?),
+                None => LinearWeights::Dense(dense(n)?.transpose(&[1, 0])?),
+            })
+        };
+        let layers = (0..cfg.n_layers)
+            .map(|i| {
+                let name = |f: &str| format!("bb.{i}.{f}");
+                Ok(Layer {
+                    attn_norm: dense(&name("attn_norm"))?,
+                    q: linear(&name("q"))?,
+                    k: linear(&name("k"))?,
+                    v: linear(&name("v"))?,
+                    o: linear(&name("o"))?,
+                    ff_norm: dense(&name("ff_norm"))?,
+                    gate: linear(&name("gate"))?,
+                    up: linear(&name("up"))?,
+                    down: linear(&name("down"))?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Weights {
+            layers,
+            w_c: linear("W_c")?,
+            ctx_norm: dense("ctx_norm")?,
+            tok_proj: linear("tok_proj")?,
+            mask_emb: dense("mask_emb")?,
+            block_pos: dense("block_pos")?,
+            out_norm: dense("out_norm")?,
+            out_proj: linear("out_proj")?,
+            markov_w1: linear("markov.w1")?,
+            markov_w2: linear("markov.w2")?,
+            conf_w: dense("conf.w")?,
+            conf_b: dense("conf.b")?,
+        })
+    }
+
+    fn linears(&self) -> impl Iterator<Item = &LinearWeights> {
+        let per_layer = self.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]);
+        per_layer.chain([&self.w_c, &self.tok_proj, &self.out_proj, &self.markov_w1, &self.markov_w2])
+    }
 }
 
 impl DSparkDrafter {
@@ -100,49 +153,14 @@ impl DSparkDrafter {
         mut params: BTreeMap<String, Array>,
         quantized: BTreeMap<String, Quantized>,
     ) -> Result<Self> {
-        let mut mats = BTreeMap::new();
-        for name in cfg.param_names().into_iter().filter(|n| quantizable(n)) {
-            let m = match quantized.get(&name) {
-                Some(q) => Mat::Quant(q.clone()),
-                None => Mat::Dense(
-                    params
-                        .get(&name)
-                        .cloned()
-                        .ok_or_else(|| Error::Contract(format!("dspark parameter {name} missing")))?,
-                ),
-            };
-            mats.insert(name, m);
-        }
         params.retain(|n, _| !quantized.contains_key(n));
-        let mat =
-            |n: String| mats.get(&n).cloned().ok_or_else(|| Error::Contract(format!("dspark parameter {n} missing")));
-        let layers = (0..cfg.n_layers)
-            .map(|i| {
-                let g = |n: &str| p(&params, &format!("bb.{i}.{n}")).cloned();
-                let m = |n: &str| mat(format!("bb.{i}.{n}"));
-                Ok(Layer {
-                    attn_norm: g("attn_norm")?,
-                    q: m("q")?,
-                    k: m("k")?,
-                    v: m("v")?,
-                    o: m("o")?,
-                    ff_norm: g("ff_norm")?,
-                    gate: m("gate")?,
-                    up: m("up")?,
-                    down: m("down")?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DSparkDrafter { cfg, dims, target_id, taps, layers, params, mats, ctx: None })
-    }
-
-    fn mat(&self, name: &str) -> Result<&Mat> {
-        self.mats.get(name).ok_or_else(|| Error::Contract(format!("dspark parameter {name} missing")))
+        let w = Weights::build(&cfg, &params, &quantized)?;
+        Ok(DSparkDrafter { cfg, dims, target_id, taps, w, params, ctx: None })
     }
 
     /// True if any matrix is quantized.
     pub fn is_quantized(&self) -> bool {
-        self.mats.values().any(|m| matches!(m, Mat::Quant(_)))
+        self.w.linears().any(|m| matches!(m, LinearWeights::Quantized(_)))
     }
 
     /// A freshly initialised drafter for `target` (spec §10.3: norms 1, matrices N(0, 0.02²),
@@ -323,13 +341,14 @@ impl DSparkDrafter {
 
     /// Projects tapped rows into every layer's context K/V // `[1, L, m·H]` -> per layer `[1, h, L, hd]`
     fn project_context(&self, rows: &Array) -> Result<Vec<LayerKv>> {
-        let x = self.mat("W_c")?.apply(&rows.astype(Dtype::F32)?)?;
-        let hctx = self.rms(&x, p(&self.params, "ctx_norm")?)?; // [1, L, D]
-        self.layers
+        let x = self.w.w_c.matmul_t(&rows.astype(Dtype::F32)?)?;
+        let hctx = self.rms(&x, &self.w.ctx_norm)?; // [1, L, D]
+        self.w
+            .layers
             .iter()
             .map(|l| {
                 let nc = self.rms(&hctx, &l.attn_norm)?;
-                Ok(LayerKv { k: self.heads(&l.k.apply(&nc)?)?, v: self.heads(&l.v.apply(&nc)?)? })
+                Ok(LayerKv { k: self.heads(&l.k.matmul_t(&nc)?)?, v: self.heads(&l.v.matmul_t(&nc)?)? })
             })
             .collect()
     }
@@ -338,28 +357,28 @@ impl DSparkDrafter {
     fn backbone(&self, ctx: &mut ContextCache, target: &gemma4::Model, anchor: &Array) -> Result<Array> {
         let g = self.cfg.gamma as i32;
         let emb = target.embed_raw(&anchor.reshape(&[1, 1])?)?.astype(Dtype::F32)?; // [1, 1, H]
-        let pos = p(&self.params, "block_pos")?;
-        let row0 = self.mat("tok_proj")?.apply(&emb)?.add(&pos.slice_axis(0, 0, 1)?)?;
+        let pos = &self.w.block_pos;
+        let row0 = self.w.tok_proj.matmul_t(&emb)?.add(&pos.slice_axis(0, 0, 1)?)?;
         let mut h = if g > 1 {
-            let masks = p(&self.params, "mask_emb")?.add(&pos.slice_axis(0, 1, g)?)?.expand_dims(0)?;
+            let masks = self.w.mask_emb.add(&pos.slice_axis(0, 1, g)?)?.expand_dims(0)?;
             concatenate(&[&row0, &masks], 1)?
         } else {
             row0
         }; // [1, γ, D]
         let scale = ((self.cfg.d_draft / self.cfg.n_heads) as f32).powf(-0.5);
-        for (i, l) in self.layers.iter().enumerate() {
+        for (i, l) in self.w.layers.iter().enumerate() {
             let nd = self.rms(&h, &l.attn_norm)?;
-            let q = self.heads(&l.q.apply(&nd)?)?;
-            let block = LayerKv { k: self.heads(&l.k.apply(&nd)?)?, v: self.heads(&l.v.apply(&nd)?)? };
+            let q = self.heads(&l.q.matmul_t(&nd)?)?;
+            let block = LayerKv { k: self.heads(&l.k.matmul_t(&nd)?)?, v: self.heads(&l.v.matmul_t(&nd)?)? };
             let (k, v) = ctx.with_block(i, &block)?; // [1, h, L+γ, hd]
             let a = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::None)?; // no mask: bidirectional
-            let a = l.o.apply(&a.transpose(&[0, 2, 1, 3])?.reshape(&[1, g, -1])?)?;
+            let a = l.o.matmul_t(&a.transpose(&[0, 2, 1, 3])?.reshape(&[1, g, -1])?)?;
             h = h.add(&a)?;
             let f = self.rms(&h, &l.ff_norm)?;
-            let ff = l.down.apply(&gelu_approx(&l.gate.apply(&f)?)?.multiply(&l.up.apply(&f)?)?)?;
+            let ff = l.down.matmul_t(&gelu_approx(&l.gate.matmul_t(&f)?)?.multiply(&l.up.matmul_t(&f)?)?)?;
             h = h.add(&ff)?;
         }
-        self.rms(&h, p(&self.params, "out_norm")?)
+        self.rms(&h, &self.w.out_norm)
     }
 }
 
@@ -390,7 +409,7 @@ impl Drafter for DSparkDrafter {
         if rows.dim(1) != Some(len as i32) {
             return Err(Error::Contract(format!("context has {:?} rows, expected {len}", rows.shape())));
         }
-        let mut ctx = ContextCache::new(self.layers.len());
+        let mut ctx = ContextCache::new(self.w.layers.len());
         if len > 0 {
             ctx.append(self.project_context(rows)?, len)?;
         }
@@ -408,18 +427,18 @@ impl Drafter for DSparkDrafter {
         let block = self.backbone(&mut ctx, req.target, req.anchor);
         self.ctx = Some(ctx);
         let block = block?; // [1, γ, D]
-        let to_target = self.mat("out_proj")?.apply(&block)?.astype(req.target.dtype())?;
+        let to_target = self.w.out_proj.matmul_t(&block)?.astype(req.target.dtype())?;
         let u = req.target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?.squeeze(0)?; // [γ, V]
-        let (w1, w2) = (self.mat("markov.w1")?, self.mat("markov.w2")?);
-        let (cw, cb) = (p(&self.params, "conf.w")?, p(&self.params, "conf.b")?);
+        let (w1, w2) = (&self.w.markov_w1, &self.w.markov_w2);
+        let (cw, cb) = (&self.w.conf_w, &self.w.conf_b);
         let block = block.squeeze(0)?; // [γ, D]
         let mut prev = req.anchor.reshape(&[1])?;
         let mut sampling = req.sampling;
         let (mut tokens, mut logits, mut qs, mut conf) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for k in 0..n as i32 {
-            let e1 = w1.rows(&prev)?; // [1, r]
-            let lk = u.slice_axis(0, k, k + 1)?.add(&w2.apply(&e1)?.astype(Dtype::F32)?)?; // [1, V] f32
+            let e1 = w1.gather(&prev)?.astype(Dtype::F32)?; // [1, r]
+            let lk = u.slice_axis(0, k, k + 1)?.add(&w2.matmul_t(&e1)?.astype(Dtype::F32)?)?; // [1, V] f32
             let tok = match sampling.draw(&lk)? {
                 Some((t, q)) => {
                     qs.push(q);
