@@ -12,6 +12,9 @@ pub enum Error {
     Mlx(#[from] mlx_core::Error),
     #[error(transparent)]
     Accept(#[from] crate::accept::AcceptError),
+    /// A drafter's `config.json` is malformed (the error names the file and the key).
+    #[error(transparent)]
+    Config(#[from] gemma4::config::ConfigError),
     /// A drafter checkpoint is malformed or of the wrong kind; `detail` says what was expected.
     #[error("{}: {detail}", path.display())]
     Checkpoint { path: PathBuf, detail: String },

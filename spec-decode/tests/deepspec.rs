@@ -242,6 +242,9 @@ fn config_refusals_name_file_and_key() {
             "num_global_key_value_heads",
         ),
         ("mask", Box::new(|m| drop(m.insert("mask_token_id".into(), json!(512)))), "mask_token_id"),
+        ("type", Box::new(|m| drop(m.insert("block_size".into(), json!("five")))), "block_size"),
+        ("huge", Box::new(|m| drop(m.insert("hidden_size".into(), json!(1u64 << 33)))), "hidden_size"),
+        ("threshold", Box::new(|m| drop(m.insert("confidence_threshold".into(), json!(1.5)))), "confidence_threshold"),
         (
             "rope",
             Box::new(|m| drop(m.insert("rope_parameters".into(), json!({"full_attention": {"rope_type": "yarn"}})))),
@@ -561,4 +564,17 @@ fn quantized_checkpoint_loads_through_weightmap() {
     let delta = max_abs(&pa.logits.unwrap().subtract(pb.logits.as_ref().unwrap()).unwrap());
     assert!(delta > 0.0 && delta < 0.5, "8-bit drafter moves logits a little: max |Δ| = {delta}");
     assert_eq!(u32s(&pa.tokens), u32s(&pb.tokens));
+}
+
+#[test]
+fn config_errors_are_structured() {
+    use gemma4::config::ConfigError;
+    let fx = fixture("structured-config");
+    let dir = fx.drafter_dir("d", &SyntheticDeepSpec::default());
+    std::fs::write(dir.join("config.json"), "[1, 2]").unwrap();
+    let e = DeepSpecDrafter::load(&dir, &fx.cfg).map(drop).expect_err("an array is no config");
+    let spec_decode::Error::Config(ConfigError::InFile { path, source }) = &e else { panic!("{e:?}") };
+    assert!(path.ends_with("config.json"));
+    assert!(matches!(**source, ConfigError::Invalid { ref field, .. } if field == "config"), "{source:?}");
+    assert!(e.to_string().contains("a JSON object"), "{e}");
 }

@@ -6,10 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use gemma4::config::QuantizationConfig;
+use gemma4::config::{ConfigError, QuantizationConfig};
+use serde::Deserialize;
 use serde_json::{Map, Value};
-
-use crate::error::{Error, Result};
 
 /// The `architectures[0]` of a DeepSpec checkpoint (also the serve-time detection key).
 pub const ARCHITECTURE: &str = "Gemma4DSparkModel";
@@ -60,78 +59,115 @@ pub struct DeepSpecConfig {
     pub quantization: Option<QuantizationConfig>,
 }
 
-/// Reads keys of one JSON object, naming `config.json` and the key in errors.
-struct Keys<'a> {
-    path: &'a Path,
-    map: &'a Map<String, Value>,
+/// `config.json` as written, every key optional and typed; [`DeepSpecConfig`]'s `TryFrom`
+/// applies the defaults and refusals. Unknown keys are ignored.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RawDeepSpecConfig {
+    pub architectures: Option<Vec<String>>,
+    pub attention_k_eq_v: Option<bool>,
+    pub hidden_activation: Option<String>,
+    pub hidden_size: Option<u64>,
+    pub num_hidden_layers: Option<u64>,
+    pub num_attention_heads: Option<u64>,
+    pub global_head_dim: Option<u64>,
+    pub num_global_key_value_heads: Option<u64>,
+    pub intermediate_size: Option<u64>,
+    pub vocab_size: Option<u64>,
+    pub block_size: Option<u64>,
+    pub mask_token_id: Option<u64>,
+    pub rms_norm_eps: Option<f64>,
+    pub final_logit_softcapping: Option<f64>,
+    pub target_layer_ids: Option<Vec<u64>>,
+    pub num_target_layers: Option<u64>,
+    pub markov_rank: Option<u64>,
+    pub markov_head_type: Option<String>,
+    pub enable_confidence_head: Option<bool>,
+    pub confidence_head_with_markov: Option<bool>,
+    pub rope_theta: Option<f64>,
+    pub partial_rotary_factor: Option<f64>,
+    pub rope_parameters: Option<RawRopeParameters>,
+    pub confidence_threshold: Option<f64>,
+    pub quantization: Option<Value>,
+    pub quantization_config: Option<Value>,
 }
 
-impl<'a> Keys<'a> {
-    fn err(&self, key: &str, detail: impl std::fmt::Display) -> Error {
-        Error::checkpoint(self.path, format!("{key}: {detail}"))
-    }
+/// `rope_parameters`: flat, or nested under `full_attention`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RawRopeParameters {
+    pub full_attention: Option<RawRope>,
+    #[serde(flatten)]
+    pub flat: RawRope,
+}
 
-    /// The value unless absent or null.
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
+/// One RoPE parameter block.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RawRope {
+    pub rope_theta: Option<f64>,
+    pub partial_rotary_factor: Option<f64>,
+    pub rope_type: Option<String>,
+}
 
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|x| Some(x as usize))
-                .ok_or_else(|| self.err(key, format!("expected a non-negative integer, got {v}"))),
-        }
-    }
+fn invalid(field: impl Into<String>, expected: impl Into<String>, got: impl std::fmt::Display) -> ConfigError {
+    ConfigError::Invalid { field: field.into(), expected: expected.into(), got: got.to_string() }
+}
 
-    /// A required integer > 0.
-    fn pos(&self, key: &str) -> Result<usize> {
-        match self.opt_usize(key)? {
-            None => Err(self.err(key, "missing (required)")),
-            Some(0) => Err(self.err(key, "expected a value > 0, got 0")),
-            Some(x) => Ok(x),
-        }
-    }
+fn in_file(e: ConfigError, path: &Path) -> ConfigError {
+    ConfigError::InFile { path: path.to_path_buf(), source: Box::new(e) }
+}
 
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v.as_f64().map(Some).ok_or_else(|| self.err(key, format!("expected a number, got {v}"))),
-        }
+/// A required integer > 0 that fits the i32 shapes MLX uses.
+fn positive(field: &str, v: Option<u64>) -> Result<usize, ConfigError> {
+    match v {
+        None => Err(invalid(field, "an integer > 0", "nothing (the key is required)")),
+        Some(0) => Err(invalid(field, "an integer > 0", 0)),
+        Some(x) if x > i32::MAX as u64 => Err(invalid(field, format!("an integer <= {}", i32::MAX), x)),
+        Some(x) => Ok(x as usize),
     }
+}
 
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| self.err(key, format!("expected true or false, got {v}"))),
-        }
+impl RawDeepSpecConfig {
+    /// Parses config text; a value of the wrong JSON type is reported with its key.
+    pub fn from_json_str(text: &str) -> Result<RawDeepSpecConfig, ConfigError> {
+        let v: Value = serde_json::from_str(text).map_err(|source| ConfigError::Json { source })?;
+        let Value::Object(map) = &v else {
+            return Err(invalid("config", "a JSON object", kind_of(&v)));
+        };
+        RawDeepSpecConfig::deserialize(&v).map_err(|source| {
+            // Find the key whose value alone fails to deserialize, so the error names it.
+            let field = map
+                .iter()
+                .find(|(k, val)| {
+                    let single = Value::Object(Map::from_iter([((*k).clone(), (*val).clone())]));
+                    RawDeepSpecConfig::deserialize(&single).is_err()
+                })
+                .map_or_else(|| "config".to_string(), |(k, _)| k.clone());
+            ConfigError::Type { field, source }
+        })
     }
+}
 
-    fn str_or(&self, key: &str, default: &'a str) -> Result<&'a str> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v.as_str().ok_or_else(|| self.err(key, format!("expected a string, got {v}"))),
-        }
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
 impl DeepSpecConfig {
-    /// Reads `dir/config.json`.
-    pub fn from_dir(dir: &Path) -> Result<DeepSpecConfig> {
+    /// Reads `dir/config.json`; errors name the file and the key.
+    pub fn from_dir(dir: &Path) -> Result<DeepSpecConfig, ConfigError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
-        DeepSpecConfig::from_json_str(&text, &path)
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io { path: path.clone(), source })?;
+        DeepSpecConfig::from_json_str(&text).map_err(|e| in_file(e, &path))
     }
 
-    /// Parses config text; `path` names the file in errors.
-    pub fn from_json_str(text: &str, path: &Path) -> Result<DeepSpecConfig> {
-        let v: Value = serde_json::from_str(text).map_err(|e| Error::checkpoint(path, format!("invalid JSON: {e}")))?;
-        let Value::Object(map) = &v else {
-            return Err(Error::checkpoint(path, "expected a JSON object"));
-        };
-        parse(&Keys { path, map })
+    /// Parses and validates config text.
+    pub fn from_json_str(text: &str) -> Result<DeepSpecConfig, ConfigError> {
+        DeepSpecConfig::try_from(RawDeepSpecConfig::from_json_str(text)?)
     }
 
     /// Query heads per KV head.
@@ -160,156 +196,144 @@ impl DeepSpecConfig {
     }
 }
 
-fn parse(k: &Keys<'_>) -> Result<DeepSpecConfig> {
-    let arch = k.get("architectures").and_then(|a| a.as_array()).and_then(|a| a.first()).and_then(|a| a.as_str());
-    if arch != Some(ARCHITECTURE) {
-        let got = k.get("architectures").map_or_else(|| "nothing".to_string(), |v| v.to_string());
-        return Err(k.err("architectures", format!("expected architectures[0] == \"{ARCHITECTURE}\", got {got}")));
-    }
-    if k.get("attention_k_eq_v").and_then(Value::as_bool) != Some(true) {
-        return Err(k.err(
-            "attention_k_eq_v",
-            "attention_k_eq_v=false checkpoints need a real v_proj path — not implemented (must be true)",
-        ));
-    }
-    let act = k.str_or("hidden_activation", "gelu_pytorch_tanh")?;
-    if act != "gelu_pytorch_tanh" {
-        return Err(k.err("hidden_activation", format!("expected \"gelu_pytorch_tanh\", got \"{act}\"")));
-    }
-    let hidden_size = k.pos("hidden_size")?;
-    let num_hidden_layers = k.pos("num_hidden_layers")?;
-    let num_attention_heads = k.pos("num_attention_heads")?;
-    let head_dim = k.pos("global_head_dim")?;
-    let num_kv_heads = k.pos("num_global_key_value_heads")?;
-    if num_attention_heads % num_kv_heads != 0 {
-        return Err(k.err(
-            "num_global_key_value_heads",
-            format!("{num_kv_heads} does not divide num_attention_heads {num_attention_heads}"),
-        ));
-    }
-    if head_dim % 2 != 0 {
-        return Err(k.err("global_head_dim", format!("must be even for RoPE, got {head_dim}")));
-    }
-    let intermediate_size = k.pos("intermediate_size")?;
-    let vocab_size = k.pos("vocab_size")?;
-    let block_size = k.pos("block_size")?;
-    let mask_token_id = match k.opt_usize("mask_token_id")? {
-        None => return Err(k.err("mask_token_id", "missing (required)")),
-        Some(id) if id >= vocab_size => {
-            return Err(k.err("mask_token_id", format!("{id} is outside the vocabulary ({vocab_size})")))
+impl TryFrom<RawDeepSpecConfig> for DeepSpecConfig {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawDeepSpecConfig) -> Result<DeepSpecConfig, ConfigError> {
+        let arch = raw.architectures.as_ref().and_then(|a| a.first());
+        if arch.map(String::as_str) != Some(ARCHITECTURE) {
+            let got = raw.architectures.as_ref().map_or_else(|| "nothing".to_string(), |a| format!("{a:?}"));
+            return Err(invalid("architectures", format!("architectures[0] == \"{ARCHITECTURE}\""), got));
         }
-        Some(id) => id as u32,
-    };
-    let eps = k.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
-    if !(eps > 0.0 && eps.is_finite()) {
-        return Err(k.err("rms_norm_eps", format!("expected a finite number > 0, got {eps}")));
+        if raw.attention_k_eq_v != Some(true) {
+            return Err(invalid(
+                "attention_k_eq_v",
+                "true (attention_k_eq_v=false checkpoints need a real v_proj path, which is not implemented)",
+                format!("{:?}", raw.attention_k_eq_v),
+            ));
+        }
+        let act = raw.hidden_activation.as_deref().unwrap_or("gelu_pytorch_tanh");
+        if act != "gelu_pytorch_tanh" {
+            return Err(invalid("hidden_activation", "\"gelu_pytorch_tanh\"", format!("\"{act}\"")));
+        }
+        let hidden_size = positive("hidden_size", raw.hidden_size)?;
+        let num_hidden_layers = positive("num_hidden_layers", raw.num_hidden_layers)?;
+        let num_attention_heads = positive("num_attention_heads", raw.num_attention_heads)?;
+        let head_dim = positive("global_head_dim", raw.global_head_dim)?;
+        let num_kv_heads = positive("num_global_key_value_heads", raw.num_global_key_value_heads)?;
+        if !num_attention_heads.is_multiple_of(num_kv_heads) {
+            return Err(invalid(
+                "num_global_key_value_heads",
+                format!("a divisor of num_attention_heads {num_attention_heads}"),
+                num_kv_heads,
+            ));
+        }
+        if !head_dim.is_multiple_of(2) {
+            return Err(invalid("global_head_dim", "an even number (RoPE rotates pairs)", head_dim));
+        }
+        let intermediate_size = positive("intermediate_size", raw.intermediate_size)?;
+        let vocab_size = positive("vocab_size", raw.vocab_size)?;
+        let block_size = positive("block_size", raw.block_size)?;
+        let mask_token_id = match raw.mask_token_id {
+            None => return Err(invalid("mask_token_id", "a token id", "nothing (the key is required)")),
+            Some(id) if id >= vocab_size as u64 => {
+                return Err(invalid("mask_token_id", format!("an id inside the vocabulary ({vocab_size})"), id))
+            }
+            Some(id) => id as u32,
+        };
+        let eps = raw.rms_norm_eps.unwrap_or(1e-6);
+        if !(eps > 0.0 && eps.is_finite()) {
+            return Err(invalid("rms_norm_eps", "a finite number > 0", eps));
+        }
+        let final_logit_softcapping = match raw.final_logit_softcapping {
+            None => None,
+            Some(c) if c > 0.0 && c.is_finite() => Some(c as f32),
+            Some(c) => return Err(invalid("final_logit_softcapping", "null or a number > 0", c)),
+        };
+        let target_layer_ids = match &raw.target_layer_ids {
+            Some(ids) if !ids.is_empty() => ids.iter().map(|&x| x as usize).collect::<Vec<_>>(),
+            _ => return Err(invalid("target_layer_ids", "a non-empty array of layer indices", "none")),
+        };
+        let num_target_layers = positive("num_target_layers", raw.num_target_layers)?;
+        let markov_rank = match raw.markov_rank {
+            Some(r) if r > i32::MAX as u64 => return Err(invalid("markov_rank", format!("<= {}", i32::MAX), r)),
+            r => r.unwrap_or(0) as usize,
+        };
+        let head_type = raw.markov_head_type.as_deref().unwrap_or("vanilla");
+        if markov_rank > 0 && head_type != "vanilla" {
+            return Err(invalid(
+                "markov_head_type",
+                "\"vanilla\" (gated/rnn heads ship markov_w1/w2 too and would silently get vanilla math)",
+                format!("\"{head_type}\""),
+            ));
+        }
+        let enable_confidence_head = raw.enable_confidence_head.unwrap_or(false);
+        let confidence_head_with_markov = raw.confidence_head_with_markov.unwrap_or(false);
+        if enable_confidence_head && confidence_head_with_markov && markov_rank == 0 {
+            return Err(invalid("confidence_head_with_markov", "markov_rank > 0 when true", "markov_rank 0"));
+        }
+        let (rope_theta, rope) = rope(&raw)?;
+        let confidence_threshold = match raw.confidence_threshold {
+            Some(t) if !(0.0..=1.0).contains(&t) => {
+                return Err(invalid("confidence_threshold", "a number in [0, 1]", t));
+            }
+            t => t.unwrap_or(0.0) as f32,
+        };
+        let quantization = match (&raw.quantization, &raw.quantization_config) {
+            (Some(q), _) => Some(QuantizationConfig::from_json(q, "quantization")?),
+            (None, Some(q)) => Some(QuantizationConfig::from_json(q, "quantization_config")?),
+            (None, None) => None,
+        };
+        Ok(DeepSpecConfig {
+            hidden_size,
+            num_hidden_layers,
+            num_attention_heads,
+            head_dim,
+            num_kv_heads,
+            intermediate_size,
+            rms_norm_eps: eps as f32,
+            final_logit_softcapping,
+            vocab_size,
+            block_size,
+            mask_token_id,
+            target_layer_ids,
+            num_target_layers,
+            markov_rank,
+            enable_confidence_head,
+            confidence_head_with_markov: enable_confidence_head && confidence_head_with_markov,
+            rope_theta,
+            rope,
+            confidence_threshold,
+            quantization,
+        })
     }
-    let final_logit_softcapping = match k.opt_f64("final_logit_softcapping")? {
-        None => None,
-        Some(c) if c > 0.0 && c.is_finite() => Some(c as f32),
-        Some(c) => return Err(k.err("final_logit_softcapping", format!("expected null or a number > 0, got {c}"))),
-    };
-    let target_layer_ids = match k.get("target_layer_ids").and_then(Value::as_array) {
-        Some(ids) if !ids.is_empty() => ids
-            .iter()
-            .map(|v| {
-                v.as_u64()
-                    .map(|x| x as usize)
-                    .ok_or_else(|| k.err("target_layer_ids", format!("expected layer indices, got {v}")))
-            })
-            .collect::<Result<Vec<_>>>()?,
-        _ => return Err(k.err("target_layer_ids", "must be a non-empty array of layer indices")),
-    };
-    let num_target_layers = k.pos("num_target_layers")?;
-    let markov_rank = k.opt_usize("markov_rank")?.unwrap_or(0);
-    let head_type = k.str_or("markov_head_type", "vanilla")?;
-    if markov_rank > 0 && head_type != "vanilla" {
-        return Err(k.err(
-            "markov_head_type",
-            format!("\"{head_type}\" is not supported: gated/rnn heads ship markov_w1/w2 too and would silently get vanilla math (only \"vanilla\")"),
-        ));
-    }
-    let enable_confidence_head = k.bool_or("enable_confidence_head", false)?;
-    let confidence_head_with_markov = k.bool_or("confidence_head_with_markov", false)?;
-    if enable_confidence_head && confidence_head_with_markov && markov_rank == 0 {
-        return Err(k.err("confidence_head_with_markov", "requires markov_rank > 0"));
-    }
-    let (rope_theta, rope) = parse_rope(k)?;
-    let confidence_threshold = k.opt_f64("confidence_threshold")?.unwrap_or(0.0) as f32;
-    let quantization = parse_quantization(k)?;
-    Ok(DeepSpecConfig {
-        hidden_size,
-        num_hidden_layers,
-        num_attention_heads,
-        head_dim,
-        num_kv_heads,
-        intermediate_size,
-        rms_norm_eps: eps as f32,
-        final_logit_softcapping,
-        vocab_size,
-        block_size,
-        mask_token_id,
-        target_layer_ids,
-        num_target_layers,
-        markov_rank,
-        enable_confidence_head,
-        confidence_head_with_markov: enable_confidence_head && confidence_head_with_markov,
-        rope_theta,
-        rope,
-        confidence_threshold,
-        quantization,
-    })
 }
 
 /// `rope_parameters.full_attention.{…}`, else flat `rope_parameters.{…}`, else top-level
 /// `rope_theta` / `partial_rotary_factor`; defaults θ = 1e6, factor = 1.0, proportional.
-fn parse_rope(k: &Keys<'_>) -> Result<(f32, RopeKind)> {
-    let params = k.get("rope_parameters").and_then(Value::as_object);
-    let (field, src) = match params {
-        Some(p) if p.get("full_attention").is_some_and(Value::is_object) => {
-            ("rope_parameters.full_attention", p.get("full_attention").and_then(Value::as_object))
-        }
-        Some(p) => ("rope_parameters", Some(p)),
-        None => ("", None),
+fn rope(raw: &RawDeepSpecConfig) -> Result<(f32, RopeKind), ConfigError> {
+    let top = RawRope { rope_theta: raw.rope_theta, partial_rotary_factor: raw.partial_rotary_factor, rope_type: None };
+    let (field, src) = match &raw.rope_parameters {
+        Some(RawRopeParameters { full_attention: Some(full), .. }) => ("rope_parameters.full_attention.", full),
+        Some(p) => ("rope_parameters.", &p.flat),
+        None => ("", &top),
     };
-    let inner = src.map(|map| Keys { path: k.path, map });
-    let num = |key: &str| -> Result<Option<f64>> {
-        match &inner {
-            Some(i) => match i.opt_f64(key) {
-                Ok(v) => Ok(v),
-                Err(_) => Err(k.err(&format!("{field}.{key}"), "expected a number")),
-            },
-            None => k.opt_f64(key),
-        }
-    };
-    let named = |key: &str| if field.is_empty() { key.to_string() } else { format!("{field}.{key}") };
-    let theta = num("rope_theta")?.unwrap_or(1e6);
+    let theta = src.rope_theta.unwrap_or(1e6);
     if !(theta > 0.0 && theta.is_finite()) {
-        return Err(k.err(&named("rope_theta"), format!("expected a finite number > 0, got {theta}")));
+        return Err(invalid(format!("{field}rope_theta"), "a finite number > 0", theta));
     }
-    let factor = num("partial_rotary_factor")?.unwrap_or(1.0);
+    let factor = src.partial_rotary_factor.unwrap_or(1.0);
     if !(factor > 0.0 && factor <= 1.0) {
-        return Err(k.err(&named("partial_rotary_factor"), format!("expected a number in (0, 1], got {factor}")));
+        return Err(invalid(format!("{field}partial_rotary_factor"), "a number in (0, 1]", factor));
     }
-    let rope_type = inner.as_ref().and_then(|i| i.get("rope_type")).and_then(Value::as_str).unwrap_or("proportional");
-    let kind = match rope_type {
+    let kind = match src.rope_type.as_deref().unwrap_or("proportional") {
         "proportional" => RopeKind::Proportional { partial_rotary_factor: factor },
         "default" => RopeKind::Default,
         other => {
-            return Err(k.err(&named("rope_type"), format!("expected \"proportional\" or \"default\", got \"{other}\"")))
+            return Err(invalid(format!("{field}rope_type"), "\"proportional\" or \"default\"", format!("\"{other}\"")))
         }
     };
     Ok((theta as f32, kind))
-}
-
-fn parse_quantization(k: &Keys<'_>) -> Result<Option<QuantizationConfig>> {
-    for key in ["quantization", "quantization_config"] {
-        if let Some(block) = k.get(key) {
-            let q = QuantizationConfig::from_json(block, key).map_err(|e| Error::checkpoint(k.path, e.to_string()))?;
-            return Ok(Some(q));
-        }
-    }
-    Ok(None)
 }
 
 /// `dir/config.json`, for error messages.
