@@ -63,7 +63,7 @@ pub(crate) fn open(src: &Path) -> Result<Source> {
         }
     }
     match kind {
-        DrafterKind::DeepSpec => drop(DeepSpecConfig::from_dir(src)?),
+        DrafterKind::DeepSpec => drop(DeepSpecConfig::from_dir(src).map_err(spec_decode::Error::from)?),
         DrafterKind::DSpark => drop(spec_decode::dspark::config::read_descriptor(src)?),
     }
     let tensors = gemma4::weights::load_raw(src)?;
