@@ -156,6 +156,18 @@ pub fn prefill(target: &Model, taps: &TapSet, prompt: &[u32], step: usize) -> Re
 }
 
 /// Speculative decoding of `prompt`; `on_token` sees each emitted token in order.
+///
+/// ```no_run
+/// # use std::path::Path;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let target = gemma4::Model::load(Path::new("gemma-4-e2b-it"))?;
+/// let mut drafter = spec_decode::load_drafter(Path::new("gemma-4-e2b-it-dspark"), target.config())?;
+/// let cfg = spec_decode::SpecConfig::default();
+/// let out = spec_decode::speculative_generate(&target, drafter.as_mut(), &[2, 651], &cfg, |t| print!("{t} "))?;
+/// assert_eq!(out.tokens.len(), out.stats.emitted);
+/// # Ok(())
+/// # }
+/// ```
 pub fn speculative_generate(
     target: &Model,
     drafter: &mut dyn Drafter,

@@ -80,7 +80,19 @@ pub fn target_shape(dir: &Path) -> Result<TargetShape> {
     })
 }
 
-/// Loads the drafter in `dir` for `target`.
+/// Loads the drafter in `dir` for `target`: a DSpark checkpoint (`dspark.json`) or a DeepSpec
+/// one (`config.json` with `architectures: ["Gemma4DSparkModel"]`), dense or quantized. A
+/// drafter built for another target (hidden size, vocabulary, depth, taps) is refused.
+///
+/// ```no_run
+/// # use std::path::Path;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let target = gemma4::Model::load(Path::new("gemma-4-e2b-it"))?;
+/// let drafter = spec_decode::load_drafter(Path::new("gemma-4-e2b-it-dspark"), target.config())?;
+/// println!("{} proposes up to {} drafts per round", drafter.name(), drafter.gamma());
+/// # Ok(())
+/// # }
+/// ```
 pub fn load_drafter(dir: &Path, target: &TextConfig) -> Result<Box<dyn Drafter>> {
     Ok(match detect(dir)? {
         DrafterKind::DSpark => Box::new(DSparkDrafter::load(dir, target)?),
