@@ -88,7 +88,7 @@ pub struct SpecOutput {
 pub struct Prefilled {
     cache: Cache,
     /// Tapped rows of the committed prompt tokens // `[1, L−1, m·H]`
-    ctx: Option<Array>,
+    pub(crate) ctx: Option<Array>,
     taps: TapSet,
     pending: u32,
     committed: usize,
@@ -175,8 +175,11 @@ pub fn speculative_generate(
     cfg: &SpecConfig,
     on_token: impl FnMut(u32),
 ) -> Result<SpecOutput> {
-    let pre = prefill(target, &drafter.taps(), prompt, cfg.generate.prefill_step)?;
-    decode_from(target, drafter, &pre, cfg, on_token)
+    let mut pre = prefill(target, &drafter.taps(), prompt, cfg.generate.prefill_step)?;
+    // The prompt's tapped rows are needed only to seed the drafter: hand them over so they are
+    // freed once projected, instead of living (m·H per prompt token) for the whole decode.
+    let ctx = pre.ctx.take();
+    decode_with_rule(target, drafter, &pre, ctx, cfg, VerifyRule::Exact, on_token)
 }
 
 /// Speculative decoding from a prefilled prompt (which must have been tapped for this drafter).
@@ -187,13 +190,15 @@ pub fn decode_from(
     cfg: &SpecConfig,
     on_token: impl FnMut(u32),
 ) -> Result<SpecOutput> {
-    decode_with_rule(target, drafter, pre, cfg, VerifyRule::Exact, on_token)
+    decode_with_rule(target, drafter, pre, pre.ctx.clone(), cfg, VerifyRule::Exact, on_token)
 }
 
+/// The loop; `ctx` is the prefill's tapped rows, dropped once the drafter has projected them.
 pub(crate) fn decode_with_rule(
     target: &Model,
     drafter: &mut dyn Drafter,
     pre: &Prefilled,
+    ctx: Option<Array>,
     cfg: &SpecConfig,
     rule: VerifyRule,
     mut on_token: impl FnMut(u32),
@@ -223,7 +228,8 @@ pub(crate) fn decode_with_rule(
     let mut keys = KeyChain::new(gen.seed)?;
     let mut cache = pre.cache.clone();
     let t1 = Instant::now();
-    drafter.reset(pre.ctx.as_ref(), pre.committed)?;
+    drafter.reset(ctx.as_ref(), pre.committed)?;
+    drop(ctx);
 
     let mut conf_samples = Vec::new();
     let mut pending = pre.pending;

@@ -20,5 +20,5 @@ pub fn decode_from_with_rule(
     rule: VerifyRule,
     on_token: impl FnMut(u32),
 ) -> Result<SpecOutput> {
-    decode_with_rule(target, drafter, pre, cfg, rule, on_token)
+    decode_with_rule(target, drafter, pre, pre.ctx.clone(), cfg, rule, on_token)
 }

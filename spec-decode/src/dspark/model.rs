@@ -426,12 +426,14 @@ impl Drafter for DSparkDrafter {
         let mut ctx = self.ctx.take().ok_or_else(|| Error::Contract("dspark: propose before reset".into()))?;
         let block = self.backbone(&mut ctx, req.target, req.anchor);
         self.ctx = Some(ctx);
-        let block = block?; // [1, γ, D]
+        // The backbone needs the whole block (its attention is bidirectional), but only the n
+        // wanted rows go through the target's LM head, the largest matmul of a round.
+        let block = block?.slice_axis(1, 0, n as i32)?; // [1, n, D]
         let to_target = self.w.out_proj.matmul_t(&block)?.astype(req.target.dtype())?;
-        let u = req.target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?.squeeze(0)?; // [γ, V]
+        let u = req.target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?.squeeze(0)?; // [n, V]
         let (w1, w2) = (&self.w.markov_w1, &self.w.markov_w2);
         let (cw, cb) = (&self.w.conf_w, &self.w.conf_b);
-        let block = block.squeeze(0)?; // [γ, D]
+        let block = block.squeeze(0)?; // [n, D]
         let mut prev = req.anchor.reshape(&[1])?;
         let mut sampling = req.sampling;
         let (mut tokens, mut logits, mut qs, mut conf) =
