@@ -23,6 +23,9 @@ pub enum Error {
     /// A safetensors file could not be read or written.
     #[error("{path}: {message}")]
     Safetensors { path: PathBuf, message: String },
+    /// A closure differentiated by `value_and_grad`/`vjp` panicked or failed without a typed error.
+    #[error("{op}: {message}")]
+    Closure { op: &'static str, message: String },
     /// Filesystem error with the path it concerns.
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },

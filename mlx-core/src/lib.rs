@@ -13,6 +13,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod array;
+mod autodiff;
 mod device;
 mod dtype;
 mod error;
@@ -24,6 +25,7 @@ pub mod random;
 mod sys;
 
 pub use array::{async_eval, eval, mlx_version, synchronize, Array};
+pub use autodiff::{value_and_grad, vjp};
 pub use device::{Device, Stream};
 pub use dtype::{Dtype, Element, ParseDtypeError};
 pub use error::{Error, Result};

@@ -148,8 +148,19 @@ pub(crate) mod ffi {
         fn default_stream(kind: i32) -> Result<i32>;
         fn set_default_stream(index: i32, kind: i32) -> Result<()>;
         fn synchronize_stream(index: i32, kind: i32) -> Result<()>;
+
+        fn value_and_grad(ctx: &mut GradCtx<'_>, inputs: &ArrayList, argnums: &[i32]) -> Result<UniquePtr<ArrayList>>;
+        fn vjp(ctx: &mut GradCtx<'_>, primals: &ArrayList, cotangents: &ArrayList) -> Result<UniquePtr<ArrayList>>;
+        fn stop_gradient(a: &Array) -> Result<UniquePtr<Array>>;
+    }
+
+    extern "Rust" {
+        type GradCtx<'a>;
+        fn grad_trampoline(ctx: &mut GradCtx<'_>, inputs: &ArrayList, out: Pin<&mut ArrayList>) -> Result<()>;
     }
 }
+
+use crate::autodiff::{grad_trampoline, GradCtx};
 
 // SAFETY: an MLX array is an immutable, atomically refcounted handle; moving the owning
 // pointer to another thread is sound. It is not `Sync`: concurrent `eval` of one graph from

@@ -337,4 +337,38 @@ int32_t default_stream(int32_t kind) { return mx::default_stream(to_device(kind)
 void set_default_stream(int32_t index, int32_t kind) { mx::set_default_stream(mx::Stream(index, to_device(kind))); }
 void synchronize_stream(int32_t index, int32_t kind) { mx::synchronize(mx::Stream(index, to_device(kind))); }
 
+// ---- autodiff ----
+namespace {
+// The closure MLX traces: hands the tracer inputs to Rust and returns what Rust computed. A
+// Rust error comes back as a thrown rust::Error, which unwinds MLX's trace (its tracing state
+// is RAII) and is caught by the cxx wrapper of the calling bridge function.
+std::function<std::vector<mx::array>(const std::vector<mx::array>&)> traced(GradCtx& ctx) {
+  return [&ctx](const std::vector<mx::array>& xs) {
+    ArrayList in{xs};
+    ArrayList out;
+    grad_trampoline(ctx, in, out);
+    return out.items;
+  };
+}
+}  // namespace
+
+std::unique_ptr<ArrayList> value_and_grad(GradCtx& ctx, const ArrayList& inputs, rust::Slice<const int32_t> argnums) {
+  std::vector<int> nums(argnums.begin(), argnums.end());
+  auto [values, grads] = mx::value_and_grad(traced(ctx), nums)(inputs.items);
+  auto l = std::make_unique<ArrayList>();
+  l->items = std::move(values);
+  l->items.insert(l->items.end(), grads.begin(), grads.end());
+  return l;
+}
+
+std::unique_ptr<ArrayList> vjp(GradCtx& ctx, const ArrayList& primals, const ArrayList& cotangents) {
+  auto [outputs, vjps] = mx::vjp(traced(ctx), primals.items, cotangents.items);
+  auto l = std::make_unique<ArrayList>();
+  l->items = std::move(outputs);
+  l->items.insert(l->items.end(), vjps.begin(), vjps.end());
+  return l;
+}
+
+ArrayPtr stop_gradient(const Array& a) { return wrap(mx::stop_gradient(a.inner)); }
+
 }  // namespace mlxr

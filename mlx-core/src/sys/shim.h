@@ -23,6 +23,9 @@ struct ArrayList {
 
 using ArrayPtr = std::unique_ptr<Array>;
 
+// A Rust closure being differentiated (opaque; defined by the Rust side of the bridge).
+struct GradCtx;
+
 // ---- handles and metadata ----
 ArrayPtr clone_array(const Array& a);
 rust::Vec<int32_t> shape(const Array& a);
@@ -131,5 +134,14 @@ int32_t new_stream(int32_t kind);
 int32_t default_stream(int32_t kind);
 void set_default_stream(int32_t index, int32_t kind);
 void synchronize_stream(int32_t index, int32_t kind);
+
+// ---- autodiff ----
+// Runs MLX's value_and_grad over the Rust closure in `ctx`: the closure's outputs (the first is
+// the scalar loss), then the gradients of the loss with respect to inputs[argnums] in sorted
+// argnum order.
+std::unique_ptr<ArrayList> value_and_grad(GradCtx& ctx, const ArrayList& inputs, rust::Slice<const int32_t> argnums);
+// MLX's vjp: the closure's outputs, then one vector-Jacobian product per primal.
+std::unique_ptr<ArrayList> vjp(GradCtx& ctx, const ArrayList& primals, const ArrayList& cotangents);
+ArrayPtr stop_gradient(const Array& a);
 
 }  // namespace mlxr
