@@ -63,6 +63,16 @@ impl KeyChain {
         Ok(KeyChain { state: key(seed)? })
     }
 
+    /// The chain's current state (a key array), to checkpoint a run's RNG.
+    pub fn state(&self) -> &Array {
+        &self.state
+    }
+
+    /// Resumes a chain from a state returned by [`KeyChain::state`].
+    pub fn from_state(state: Array) -> KeyChain {
+        KeyChain { state }
+    }
+
     /// The next subkey; advances the state.
     #[track_caller]
     pub fn next_key(&mut self) -> Result<Array> {

@@ -1,0 +1,24 @@
+//! Errors of the training crate.
+
+use std::path::PathBuf;
+
+/// Errors from optimizers and training state.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Mlx(#[from] mlx_core::Error),
+    #[error(transparent)]
+    Checkpoint(#[from] gemma4::Error),
+    /// Parameters, gradients and moments must line up one to one, with equal shapes.
+    #[error("{what}: {detail}")]
+    Mismatch { what: &'static str, detail: String },
+    /// A training-state directory is missing a file or holds something else.
+    #[error("{}: {detail}", path.display())]
+    State { path: PathBuf, detail: String },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

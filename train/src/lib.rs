@@ -1,0 +1,29 @@
+//! Training on MLX: AdamW, warmup + cosine learning-rate schedule, global-norm gradient
+//! clipping, and a resumable training state (parameters, moments, step, RNG) written atomically.
+//!
+//! ```
+//! use mlx_core::{value_and_grad, Array};
+//! use train::{AdamW, AdamWConfig};
+//! // Minimise (w − 3)².
+//! let mut params = vec![Array::from_slice(&[0.0f32], &[])?];
+//! let mut opt = AdamW::new(AdamWConfig { weight_decay: 0.0, ..Default::default() }, &params)?;
+//! for _ in 0..200 {
+//!     let (_, grads) = value_and_grad(|xs: &[Array]| Ok::<_, mlx_core::Error>(vec![xs[0].sub_scalar(3.0)?.square()?]), &params, &[0])?;
+//!     params = opt.step(&params, &grads, 0.1)?;
+//! }
+//! assert!((params[0].to_vec::<f32>()?[0] - 3.0).abs() < 0.05);
+//! # Ok::<(), train::Error>(())
+//! ```
+#![forbid(unsafe_code)]
+
+mod adamw;
+mod clip;
+mod error;
+mod schedule;
+mod state;
+
+pub use adamw::{AdamW, AdamWConfig};
+pub use clip::clip_global_norm;
+pub use error::{Error, Result};
+pub use schedule::WarmupCosine;
+pub use state::TrainState;
