@@ -4,7 +4,8 @@
 pub mod config;
 mod fit;
 mod model;
+pub mod train;
 
-pub use config::{param_kind, write_calibration, Calibration, DSparkConfig, Descriptor, ParamKind};
+pub use config::{param_kind, write_calibration, Calibration, DSparkConfig, Descriptor, Dims, ParamKind};
 pub use fit::fit_bigram_drafter;
 pub use model::DSparkDrafter;

@@ -34,40 +34,40 @@ use crate::error::{Error, Result};
 /// `x @ W`; they are held as `LinearWeights::Dense(Wᵀ)` (a transposed view) so the dense and
 /// quantized cases share gemma4's `x @ Wᵀ` product (transposing the view back gives MLX the
 /// original layout, so the bits are those of `x @ W`).
-struct Layer {
-    attn_norm: Array,
-    q: LinearWeights,
-    k: LinearWeights,
-    v: LinearWeights,
-    o: LinearWeights,
-    ff_norm: Array,
-    gate: LinearWeights,
-    up: LinearWeights,
-    down: LinearWeights,
+pub(super) struct Layer {
+    pub(super) attn_norm: Array,
+    pub(super) q: LinearWeights,
+    pub(super) k: LinearWeights,
+    pub(super) v: LinearWeights,
+    pub(super) o: LinearWeights,
+    pub(super) ff_norm: Array,
+    pub(super) gate: LinearWeights,
+    pub(super) up: LinearWeights,
+    pub(super) down: LinearWeights,
 }
 
 /// Every parameter as a typed field, so the forward never looks anything up by name.
-struct Weights {
-    layers: Vec<Layer>,
+pub(super) struct Weights {
+    pub(super) layers: Vec<Layer>,
     /// Context projection `[m·H, D]`.
-    w_c: LinearWeights,
-    ctx_norm: Array,
+    pub(super) w_c: LinearWeights,
+    pub(super) ctx_norm: Array,
     /// Anchor embedding projection `[H, D]`.
-    tok_proj: LinearWeights,
+    pub(super) tok_proj: LinearWeights,
     /// Embeddings of the γ−1 mask slots // `[max(γ−1, 1), D]`
-    mask_emb: Array,
+    pub(super) mask_emb: Array,
     /// Block position embeddings // `[γ, D]`
-    block_pos: Array,
-    out_norm: Array,
+    pub(super) block_pos: Array,
+    pub(super) out_norm: Array,
     /// Back to the target's hidden size `[D, H]`.
-    out_proj: LinearWeights,
+    pub(super) out_proj: LinearWeights,
     /// Markov gather table, rows are tokens // `[V, r]`
-    markov_w1: LinearWeights,
+    pub(super) markov_w1: LinearWeights,
     /// Markov bias projection `[r, V]`.
-    markov_w2: LinearWeights,
+    pub(super) markov_w2: LinearWeights,
     /// Confidence head `[D + r, 1]` and bias `[1]` (always dense).
-    conf_w: Array,
-    conf_b: Array,
+    pub(super) conf_w: Array,
+    pub(super) conf_b: Array,
 }
 
 /// Parameters that may be quantized: the matmul weights and the Markov gather table.
@@ -88,7 +88,7 @@ pub struct DSparkDrafter {
 }
 
 impl Weights {
-    fn build(
+    pub(super) fn build(
         cfg: &DSparkConfig,
         params: &BTreeMap<String, Array>,
         quantized: &BTreeMap<String, Quantized>,
@@ -316,6 +316,26 @@ impl DSparkDrafter {
         let v = serde_json::to_value(&d).map_err(|e| Error::Contract(e.to_string()))?;
         write_json(&staged.path().join("dspark.json"), &v)?;
         Ok(staged.commit()?)
+    }
+
+    /// The dense parameters in `DSparkConfig::param_names` order, for training (a quantized
+    /// drafter has none to train).
+    pub fn trainable_params(&self) -> Result<Vec<Array>> {
+        if self.is_quantized() {
+            return Err(Error::Contract("a quantized DSpark drafter cannot be trained".into()));
+        }
+        self.cfg
+            .param_names()
+            .iter()
+            .map(|n| {
+                self.params.get(n).cloned().ok_or_else(|| Error::Contract(format!("dspark parameter {n} missing")))
+            })
+            .collect()
+    }
+
+    /// The target dimensions the drafter was built for.
+    pub fn dims(&self) -> &Dims {
+        &self.dims
     }
 
     /// The module configuration.

@@ -1,0 +1,205 @@
+//! The DSpark training forward and loss: the batched teacher-forced forward computes what the
+//! inference drafter computes, padding is invisible, and the loss's gradient with respect to
+//! every kind of parameter matches finite differences.
+
+use std::sync::OnceLock;
+
+use gemma4::checkpoint::write_random_checkpoint;
+use gemma4::config::tiny_config_a;
+use gemma4::Model;
+use mlx_core::random::KeyChain;
+use mlx_core::{value_and_grad, Array, Dtype};
+use spec_decode::dspark::train::{dspark_loss, forward_train, LossWeights, TrainBatch};
+use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
+use spec_decode::{DraftRequest, DraftSampling, Drafter};
+
+/// An f32 copy of tiny config A (so the comparison is not at bf16 resolution).
+fn target() -> Model {
+    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir =
+            std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dspark-train-{}", std::process::id()));
+        write_random_checkpoint(&dir, &tiny_config_a(), 11, Dtype::F32, 1, true).unwrap()
+    });
+    Model::load(dir).unwrap()
+}
+
+fn drafter(m: &Model) -> DSparkDrafter {
+    sized_drafter(m, 32)
+}
+
+fn sized_drafter(m: &Model, d_draft: usize) -> DSparkDrafter {
+    let cfg = DSparkConfig {
+        gamma: 4,
+        d_draft,
+        n_layers: 2,
+        n_heads: 4,
+        markov_rank: 8,
+        ff_mult: 2,
+        tap_layers: vec![1, 6],
+        seq_head: None,
+        sts: None,
+    };
+    DSparkDrafter::init(cfg, m.config(), "tiny", 5, true).unwrap()
+}
+
+fn max_rel(a: &Array, b: &Array) -> f32 {
+    let (a, b) = (a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap());
+    assert_eq!(a.len(), b.len());
+    let scale = a.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
+}
+
+/// Tapped rows of `ids` // [1, L, m·H]
+fn rows(m: &Model, d: &DSparkDrafter, ids: &[u32]) -> Array {
+    m.forward_tapped(&gemma4::generate::ids_array(ids).unwrap(), None, &d.taps()).unwrap().taps.unwrap()
+}
+
+#[test]
+fn training_forward_is_the_inference_forward() {
+    let m = &target();
+    let mut d = drafter(m);
+    let ids: Vec<u32> = (0..9).map(|i| 5 + i * 37 % 400).collect();
+    let (anchor, ctx_ids) = (ids[8], &ids[..8]);
+    let ctx = rows(m, &d, ctx_ids);
+    d.reset(Some(&ctx), 8).unwrap();
+    let a = Array::from_slice(&[anchor], &[1]).unwrap();
+    let cache = m.new_cache();
+    let req = DraftRequest {
+        anchor: &a,
+        position: 8,
+        max_drafts: 4,
+        sampling: DraftSampling::Greedy,
+        target: m,
+        target_cache: &cache,
+    };
+    let p = d.propose(req).unwrap();
+    let params = d.trainable_params().unwrap();
+    let dims = d.dims().clone();
+    // Teacher-forcing with the drafter's own picks gives the Markov walk inference took.
+    let block = p.tokens.reshape(&[1, 4]).unwrap();
+    let hidden = Array::zeros(&[1, 4, 128], Dtype::F32).unwrap();
+    let batch = |ctx_rows: Array, mask: Vec<bool>| TrainBatch {
+        ctx_mask: Array::from_slice(&mask, &[1, mask.len() as i32]).unwrap(),
+        ctx_rows,
+        anchors: a.clone(),
+        block: block.clone(),
+        target_hidden: hidden.clone(),
+    };
+    let f = forward_train(d.config(), &dims, &params, m, &batch(ctx.clone(), vec![true; 8])).unwrap();
+    let logits = p.logits.as_ref().unwrap();
+    assert!(max_rel(&f.logits.squeeze(0).unwrap(), logits) < 1e-4, "logits differ");
+    assert!(max_rel(&f.confidence.squeeze(0).unwrap(), p.confidence.as_ref().unwrap()) < 1e-4, "confidence differs");
+    // Left padding with garbage rows, masked out, changes nothing.
+    let junk =
+        mlx_core::random::normal(&[1, 3, 256], Dtype::F32, 0.0, 5.0, &mlx_core::random::key(1).unwrap()).unwrap();
+    let padded = mlx_core::concatenate(&[&junk, &ctx], 1).unwrap();
+    let mask = [vec![false; 3], vec![true; 8]].concat();
+    let fp = forward_train(d.config(), &dims, &params, m, &batch(padded, mask)).unwrap();
+    assert!(max_rel(&fp.logits, &f.logits) < 1e-5, "padding leaked into the forward");
+}
+
+#[test]
+fn loss_gradient_matches_finite_differences() {
+    let m = &target();
+    let d = drafter(m);
+    let (cfg, dims) = (d.config().clone(), d.dims().clone());
+    let mut keys = KeyChain::new(3).unwrap();
+    let a = 3;
+    let ctx_rows = mlx_core::random::normal(&[a, 5, 256], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap();
+    let batch = TrainBatch {
+        ctx_rows,
+        ctx_mask: Array::from_slice(
+            &[false, true, true, true, true, false, false, true, true, true, true, true, true, true, true],
+            &[a, 5],
+        )
+        .unwrap(),
+        anchors: Array::from_slice(&[7u32, 100, 311], &[a]).unwrap(),
+        block: Array::from_slice(&[1u32, 2, 3, 4, 50, 60, 70, 80, 9, 99, 199, 299], &[a, 4]).unwrap(),
+        target_hidden: mlx_core::random::normal(&[a, 4, 128], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap(),
+    };
+    let params = d.trainable_params().unwrap();
+    let names = cfg.param_names();
+    // The BCE target c* is under stop-gradient, so finite differences (which do see c* move)
+    // agree with the gradient only where c* is held still: without the BCE term for every
+    // parameter, and with it for the confidence head, on which c* does not depend.
+    let no_bce = LossWeights { bce: 0.0, ..LossWeights::default() };
+    let all = ["bb.0.q", "bb.1.down", "W_c", "ctx_norm", "tok_proj", "mask_emb", "out_proj", "markov.w1", "markov.w2"];
+    for (weights, probes) in [(no_bce, &all[..]), (LossWeights::default(), &["conf.w", "conf.b"][..])] {
+        let loss = |xs: &[Array]| -> spec_decode::Result<Array> {
+            let f = forward_train(&cfg, &dims, xs, m, &batch)?;
+            Ok(dspark_loss(&f, m, &batch, &weights)?.total)
+        };
+        let argnums: Vec<usize> = (0..params.len()).collect();
+        let (values, grads) =
+            value_and_grad(|xs: &[Array]| Ok::<_, spec_decode::Error>(vec![loss(xs)?]), &params, &argnums).unwrap();
+        let l0 = values[0].to_f32_vec().unwrap()[0];
+        assert!(l0.is_finite() && l0 > 0.0, "loss {l0}");
+        let norm = |x: &Array| f64::from(x.square().unwrap().sum_all().unwrap().to_f32_vec().unwrap()[0]).sqrt();
+        for probe in probes {
+            let i = names.iter().position(|n| n == probe).unwrap();
+            let g = &grads[i];
+            assert!(norm(g) > 0.0, "{probe}: zero gradient");
+            // Along the gradient itself, the directional derivative is ‖g‖.
+            let v = g.div_scalar(norm(g)).unwrap();
+            let at = |h: f64| {
+                let mut xs = params.clone();
+                xs[i] = params[i].add(&v.mul_scalar(h).unwrap()).unwrap();
+                f64::from(loss(&xs).unwrap().to_f32_vec().unwrap()[0])
+            };
+            let central = |h: f64| (at(h) - at(-h)) / (2.0 * h);
+            let numeric = (4.0 * central(5e-3) - central(1e-2)) / 3.0;
+            let analytic = norm(g);
+            // f32 losses of order 1 leave ~1e-5 of rounding in a difference quotient, and the L1
+            // term has kinks a step may cross: errors are relative to the gradient (floored at
+            // 1e-2) and must stay under 1%.
+            let rel = (analytic - numeric).abs() / analytic.max(1e-2);
+            assert!(rel < 1e-2, "{probe}: analytic {analytic} vs numeric {numeric} (rel {rel:.2e})");
+        }
+    }
+}
+
+#[test]
+fn one_batch_is_overfit() {
+    use train::{AdamW, AdamWConfig};
+    let m = &target();
+    let d = sized_drafter(m, 64);
+    let (cfg, dims) = (d.config().clone(), d.dims().clone());
+    let mut keys = KeyChain::new(9).unwrap();
+    let a = 2;
+    // Peaked target laws: a hidden state along a token's own (tied) embedding row makes that
+    // token's logit stand out, so the loss can approach 0 once the drafter matches p^t.
+    let block = Array::from_slice(&[17u32, 99, 256, 4, 400, 12, 77, 300], &[a, 4]).unwrap();
+    let rows = m.embed_raw(&block).unwrap().astype(Dtype::F32).unwrap(); // [A, γ, H]
+    let sq = rows.square().unwrap().sum(&[-1], true).unwrap();
+    let target_hidden = rows.divide(&sq).unwrap().mul_scalar(25.0).unwrap();
+    let batch = TrainBatch {
+        ctx_rows: mlx_core::random::normal(&[a, 6, 256], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap(),
+        ctx_mask: Array::full(&[a, 6], 1.0, Dtype::Bool).unwrap(),
+        anchors: Array::from_slice(&[3u32, 300], &[a]).unwrap(),
+        block,
+        target_hidden,
+    };
+    let mut params = d.trainable_params().unwrap();
+    let argnums: Vec<usize> = (0..params.len()).collect();
+    let mut opt = AdamW::new(AdamWConfig { weight_decay: 0.0, ..Default::default() }, &params).unwrap();
+    let mut losses = Vec::new();
+    let mut tau = 0.0;
+    for _ in 0..80 {
+        let f = |xs: &[Array]| -> spec_decode::Result<Vec<Array>> {
+            let t = dspark_loss(&forward_train(&cfg, &dims, xs, m, &batch)?, m, &batch, &LossWeights::default())?;
+            Ok(vec![t.total, t.tau])
+        };
+        let (values, grads) = value_and_grad(f, &params, &argnums).unwrap();
+        let (grads, _) = train::clip_global_norm(&grads, 1.0).unwrap();
+        params = opt.step(&params, &grads, 1e-2).unwrap();
+        let mut all: Vec<&Array> = params.iter().chain(&values).collect();
+        all.extend(opt.state_arrays());
+        mlx_core::eval(&all).unwrap();
+        losses.push(values[0].to_f32_vec().unwrap()[0]);
+        tau = values[1].to_f32_vec().unwrap()[0];
+    }
+    let (first, last) = (losses[0], *losses.last().unwrap());
+    assert!(last < 0.1 * first, "loss {first} -> {last}: did not fall by 90%");
+    assert!(tau > 4.9, "analytic τ {tau} after overfitting a γ = 4 block (max 5)");
+}
