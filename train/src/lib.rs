@@ -19,11 +19,15 @@
 mod adamw;
 mod clip;
 mod error;
+mod rng;
+pub mod sampler;
 mod schedule;
+pub mod shards;
 mod state;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::clip_global_norm;
 pub use error::{Error, Result};
+pub use rng::SplitMix64;
 pub use schedule::WarmupCosine;
 pub use state::TrainState;
