@@ -1,13 +1,11 @@
-//! The `dspark quantize-drafter` glue (dspark/src/quantize_drafter.rs), compiled here so it is
-//! tested without the dspark binary: argument parsing, defaults, and a run end to end.
+//! The `dspark quantize-drafter` glue (`dspark::quantize_drafter`, through the dspark library):
+//! argument parsing, defaults, and a run end to end.
 
 mod common;
 
-#[path = "../../dspark/src/quantize_drafter.rs"]
-mod quantize_drafter;
-
 use clap::Parser;
 use common::*;
+use dspark::quantize_drafter;
 
 #[derive(Parser)]
 struct Cli {
