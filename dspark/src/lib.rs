@@ -6,5 +6,6 @@
 pub mod calibrate;
 pub mod default_model;
 pub mod generate;
+pub mod paths;
 pub mod quantize_drafter;
 pub mod quantize_target;
