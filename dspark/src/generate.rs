@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use gemma4::generate::{generate, FinishReason, GenerateConfig};
 use gemma4::sampling::SamplerConfig;
+use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::Model;
 use mlx_core::Device;
-use tokenizers::Tokenizer;
 
+/// Arguments of `dspark generate`. Numeric options accept negative values at parse time so the
+/// range checks can say what is allowed.
 #[derive(clap::Args)]
 pub struct Args {
     /// Checkpoint directory (config.json, model*.safetensors, tokenizer.json). Default: the
@@ -23,22 +25,22 @@ pub struct Args {
     #[arg(long)]
     tokens: Option<String>,
     /// Maximum tokens to generate.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f64,
     /// Nucleus sampling mass (0 or 1 disables).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     top_p: f64,
     /// Keep only the k most likely tokens (0 disables).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     top_k: usize,
     /// Min-p filter relative to the top token (0 disables).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_p: f64,
     /// Random seed for sampling.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
@@ -51,31 +53,19 @@ pub struct Args {
     /// `self` (the target drafting for itself; a test drafter). Absent: plain decoding.
     #[arg(long)]
     drafter: Option<String>,
-    /// Drafts per round (default: the drafter's block size).
-    #[arg(long)]
+    /// Drafts per round (default: the drafter's block size). Needs --drafter.
+    #[arg(long, requires = "drafter", allow_negative_numbers = true)]
     gamma: Option<usize>,
-    /// Prune each draft block at the first position whose confidence is below this.
-    #[arg(long, conflicts_with = "calibrated")]
+    /// Prune each draft block at the first position whose confidence is below this. Needs
+    /// --drafter.
+    #[arg(long, conflicts_with = "calibrated", requires = "drafter", allow_negative_numbers = true)]
     min_conf: Option<f32>,
-    /// Prune with the drafter checkpoint's calibrated per-position thresholds.
-    #[arg(long)]
+    /// Prune with the drafter checkpoint's calibrated per-position thresholds. Needs --drafter.
+    #[arg(long, requires = "drafter")]
     calibrated: bool,
     /// Also run plain decoding on the same prompt and report both speeds.
     #[arg(long, requires = "drafter")]
     compare: bool,
-}
-
-/// The id of tokenizer_config.json's `eos_token` (a string or `{"content": …}`), if any; the
-/// tokenizer is read from `dir` when the prompt did not need it (`--tokens`).
-fn tokenizer_eos(dir: &std::path::Path, tok: Option<&Tokenizer>) -> Option<u32> {
-    let text = std::fs::read_to_string(dir.join("tokenizer_config.json")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let eos = &v["eos_token"];
-    let name = eos.as_str().or_else(|| eos["content"].as_str())?;
-    match tok {
-        Some(t) => t.token_to_id(name),
-        None => Tokenizer::from_file(dir.join("tokenizer.json")).ok()?.token_to_id(name),
-    }
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -85,9 +75,31 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
+/// Runs the subcommand: flags are checked first, then the model (and drafter) load, and the
+/// continuation streams to stdout with stats on stderr.
 pub fn run(a: Args) -> Result<()> {
+    let sampler = SamplerConfig {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        min_p: a.min_p,
+        min_tokens_to_keep: 1,
+    };
+    // Ranges first, before anything is loaded or written (top_k is checked against the
+    // vocabulary once the model is loaded).
+    sampler.validate(usize::MAX)?;
+    let parsed_tokens = a.tokens.as_deref().map(parse_ids).transpose()?;
     if !a.device.is_available() {
         bail!("--device {:?}: this MLX build has no such backend (MLX at {})", a.device, mlx_core::MLX_DIR);
+    }
+    if let Some(m) = &a.model {
+        crate::paths::refuse_drafter_as_model(m, "--model")?;
+        if a.drafter.as_deref() == Some("default") {
+            bail!(
+                "--drafter default belongs to the embedded default model; pass a drafter directory for --model {}",
+                m.display()
+            );
+        }
     }
     a.device.set_default()?;
     let dir = match &a.model {
@@ -96,21 +108,18 @@ pub fn run(a: Args) -> Result<()> {
     };
     eprintln!("dspark: loading {}", dir.display());
     let model = Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))?;
-    let tokenizer_path = dir.join("tokenizer.json");
-    let tokenizer = if a.tokens.is_none() {
-        Some(Tokenizer::from_file(&tokenizer_path).map_err(|e| anyhow::anyhow!("{}: {e}", tokenizer_path.display()))?)
-    } else {
-        None
-    };
-    let prompt: Vec<u32> = match (&a.tokens, &a.prompt, &tokenizer) {
-        (Some(t), _, _) => parse_ids(t)?,
-        (None, Some(p), Some(tok)) => {
-            tok.encode(p.as_str(), true).map_err(|e| anyhow::anyhow!("encoding the prompt: {e}"))?.get_ids().to_vec()
-        }
+    // Text prompts need the tokenizer; with --tokens it is only read (if the checkpoint has
+    // one) for the end-of-sequence fallback when the config names no eos ids.
+    let needs_tokenizer = a.tokens.is_none()
+        || (!a.ignore_eos && model.config().eos_token_ids.is_empty() && dir.join("tokenizer.json").is_file());
+    let tokenizer = if needs_tokenizer { Some(Tokenizer::from_dir(&dir)?) } else { None };
+    let prompt: Vec<u32> = match (parsed_tokens, &a.prompt, &tokenizer) {
+        (Some(t), _, _) => t,
+        (None, Some(p), Some(tok)) => tok.encode(p.as_str(), true)?,
         (None, None, Some(tok)) => {
             let default = "t5 t6 t7 t8";
             eprintln!("dspark: no --prompt given, using {default:?}");
-            tok.encode(default, true).map_err(|e| anyhow::anyhow!("encoding the prompt: {e}"))?.get_ids().to_vec()
+            tok.encode(default, true)?
         }
         _ => bail!("give --prompt or --tokens"),
     };
@@ -119,21 +128,10 @@ pub fn run(a: Args) -> Result<()> {
     }
     let cfg = GenerateConfig {
         max_tokens: a.max_tokens,
-        sampler: SamplerConfig {
-            temperature: a.temperature,
-            top_p: a.top_p,
-            top_k: a.top_k,
-            min_p: a.min_p,
-            min_tokens_to_keep: 1,
-        },
+        sampler,
         seed: a.seed,
         prefill_step: 2048,
-        stop_tokens: match (a.ignore_eos, model.config().eos_token_ids.is_empty()) {
-            (true, _) => vec![],
-            (false, false) => model.config().eos_token_ids.clone(),
-            // As mlx-lm: without eos ids in the config, the tokenizer's eos token stops.
-            (false, true) => tokenizer_eos(&dir, tokenizer.as_ref()).into_iter().collect(),
-        },
+        stop_tokens: if a.ignore_eos { vec![] } else { stop_tokens(model.config(), tokenizer.as_ref()) },
     };
     let drafter = match a.drafter.as_deref() {
         None => None,
@@ -141,16 +139,8 @@ pub fn run(a: Args) -> Result<()> {
             Some(Box::new(spec_decode::oracle::SelfDrafter::new(a.gamma.unwrap_or(4))) as Box<dyn spec_decode::Drafter>)
         }
         Some(d) => {
-            let ddir = if d == "default" {
-                if a.model.is_some() {
-                    bail!(
-                        "--drafter default belongs to the embedded default model; pass a drafter directory for --model"
-                    );
-                }
-                crate::default_model::ensure_drafter(&dir, false)?
-            } else {
-                PathBuf::from(d)
-            };
+            let ddir =
+                if d == "default" { crate::default_model::ensure_drafter(&dir, false)? } else { PathBuf::from(d) };
             eprintln!("dspark: loading drafter {}", ddir.display());
             Some(
                 spec_decode::loader::load_drafter(&ddir, model.config())
@@ -158,15 +148,18 @@ pub fn run(a: Args) -> Result<()> {
             )
         }
     };
+    // Output is text for a text prompt and ids for an id prompt (even when the tokenizer was
+    // read for its eos token).
+    let text_out = if a.tokens.is_none() { tokenizer.as_ref() } else { None };
     let mut out = std::io::stdout().lock();
     let mut ids: Vec<u32> = Vec::new();
     let mut printed = String::new();
     let mut err: Option<anyhow::Error> = None;
     let mut emit = |t: u32| {
         ids.push(t);
-        let piece = match &tokenizer {
+        let piece = match text_out {
             None => format!("{}{t}", if ids.len() > 1 { " " } else { "" }),
-            Some(tok) => match tok.decode(&ids, true) {
+            Some(tok) => match tok.decode(&ids) {
                 // Print only what is new: decoding a growing id list keeps multi-byte pieces whole.
                 Ok(text) if text.starts_with(&printed) => {
                     let new = text[printed.len()..].to_string();
@@ -178,7 +171,7 @@ pub fn run(a: Args) -> Result<()> {
                     String::new()
                 }
                 Err(e) => {
-                    err.get_or_insert(anyhow::anyhow!("decoding: {e}"));
+                    err.get_or_insert(e.into());
                     String::new()
                 }
             },

@@ -1,14 +1,9 @@
 //! `dspark`: generate with a Gemma-4 target on MLX.
 #![forbid(unsafe_code)]
 
-mod calibrate;
-mod default_model;
-mod generate;
-mod quantize_drafter;
-mod quantize_target;
-
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use dspark::{calibrate, default_model, generate, quantize_drafter, quantize_target};
 
 #[derive(Parser)]
 #[command(name = "dspark", version, about = "Gemma-4 on MLX with lossless speculative decoding")]

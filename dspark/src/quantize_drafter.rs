@@ -15,10 +15,10 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Bits per weight: 4 or 8.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
     pub bits: u32,
     /// Weights per scale/bias group: 32 or 64.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub group_size: u32,
     /// Replace a non-empty output directory.
     #[arg(long)]
@@ -32,9 +32,11 @@ pub struct Args {
     pub smoke_target: Option<PathBuf>,
 }
 
-/// Runs the subcommand: per-tensor progress on stderr, a summary on stdout.
+/// Runs the subcommand: per-tensor progress on stderr, a summary on stdout. The output may not
+/// be, contain or lie inside the source checkpoint.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let out = args.out.clone().unwrap_or_else(|| drafter_quant::default_out_dir(&args.src, args.bits, args.group_size));
+    crate::paths::check_out_dir(&args.src, &out)?;
     let smoke = match (&args.smoke_target, args.no_smoke) {
         (_, true) => Smoke::Off,
         (Some(t), false) => Smoke::Target(t.clone()),

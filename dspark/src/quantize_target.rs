@@ -15,23 +15,26 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Bits per weight (MLX affine: 2, 3, 4, 5, 6 or 8).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
     pub bits: u32,
     /// Weights per scale/bias group: 32, 64 or 128.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub group_size: u32,
     /// Replace a non-empty output directory.
     #[arg(long)]
     pub force: bool,
 }
 
+/// Runs the subcommand. The output may not be, contain or lie inside the source checkpoint.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    crate::paths::refuse_drafter_as_model(&args.model, "--model")?;
     let out = args.out.clone().unwrap_or_else(|| {
         // Beside the model (resolved first, so `--model .` does not put it inside).
         let model = std::fs::canonicalize(&args.model).unwrap_or_else(|_| args.model.clone());
         let name = model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
         model.with_file_name(format!("{name}-q{}-g{}", args.bits, args.group_size))
     });
+    crate::paths::check_out_dir(&args.model, &out)?;
     eprintln!("quantizing {} to {} bits, group {} ...", args.model.display(), args.bits, args.group_size);
     let dir = gemma4::checkpoint::quantize_checkpoint(&args.model, &out, args.bits, args.group_size, args.force)?;
     let size = |d: &std::path::Path| -> u64 {

@@ -18,6 +18,7 @@ mod moe;
 pub mod rope;
 pub mod sampling;
 mod tap;
+pub mod tokenizer;
 pub mod weights;
 
 pub use cache::{Cache, CacheError, LayerCache};

@@ -1,0 +1,11 @@
+//! The `dspark` command line as a library: one module per subcommand, each with its clap
+//! `Args` and a `run` function, so the subcommands can be driven and tested without the binary.
+//! `main.rs` only parses the command line and dispatches.
+#![forbid(unsafe_code)]
+
+pub mod calibrate;
+pub mod default_model;
+pub mod generate;
+pub mod paths;
+pub mod quantize_drafter;
+pub mod quantize_target;

@@ -1,0 +1,139 @@
+//! Checks on the directories the subcommands are given, run before anything is read or written.
+
+use std::path::{Component, Path, PathBuf};
+
+/// Why an output directory was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutDirError {
+    #[error("--out {} is the source checkpoint {} — writing there would replace it; pick another --out", out.display(), src.display())]
+    IsSource { src: PathBuf, out: PathBuf },
+    #[error(
+        "--out {} contains the source checkpoint {} — writing there would delete the source and everything else in \
+         that directory; pick a directory outside the source (for example a sibling of it)",
+        out.display(),
+        src.display()
+    )]
+    ContainsSource { src: PathBuf, out: PathBuf },
+    #[error("--out {} is inside the source checkpoint {} — pick a directory outside the source", out.display(), src.display())]
+    InsideSource { src: PathBuf, out: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// `p` made absolute with symlinks resolved: the nearest existing ancestor is canonicalized and
+/// the rest (which does not exist yet, so has no links) appended with `.` and `..` applied.
+pub fn resolve(p: &Path) -> Result<PathBuf, OutDirError> {
+    let abs = std::path::absolute(p).map_err(|source| OutDirError::Io { path: p.to_path_buf(), source })?;
+    let mut base = abs.as_path();
+    let mut tail = Vec::new();
+    let mut out = loop {
+        match base.canonicalize() {
+            Ok(c) => break c,
+            Err(source) => match (base.parent(), base.components().next_back()) {
+                (Some(parent), Some(last)) => {
+                    tail.push(last);
+                    base = parent;
+                }
+                // A root that does not resolve: nothing left to walk up.
+                _ => return Err(OutDirError::Io { path: p.to_path_buf(), source }),
+            },
+        }
+    };
+    for c in tail.into_iter().rev() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(name) => out.push(name),
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Refuses an output directory that is the source checkpoint, contains it (a parent or any
+/// ancestor: replacing it would delete the source and its siblings), or lies inside it. Paths
+/// are compared resolved, so `.`, `..` and symlinks do not hide a match; `out` need not exist.
+pub fn check_out_dir(src: &Path, out: &Path) -> Result<(), OutDirError> {
+    let (s, o) = (resolve(src)?, resolve(out)?);
+    let (src, out) = (src.to_path_buf(), out.to_path_buf());
+    if s == o {
+        Err(OutDirError::IsSource { src, out })
+    } else if s.starts_with(&o) {
+        Err(OutDirError::ContainsSource { src, out })
+    } else if o.starts_with(&s) {
+        Err(OutDirError::InsideSource { src, out })
+    } else {
+        Ok(())
+    }
+}
+
+/// Refuses a drafter checkpoint (DSpark `dspark.json`, or a DeepSpec `config.json`) given where
+/// a target model is expected. `flag` is the option that named it.
+pub fn refuse_drafter_as_model(dir: &Path, flag: &str) -> anyhow::Result<()> {
+    if let Ok(kind) = spec_decode::loader::detect(dir) {
+        anyhow::bail!(
+            "{flag} {}: this is a {kind:?} drafter checkpoint, not a Gemma-4 target; pass it as --drafter (and a \
+             target as {flag})",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(tag: &str) -> Scratch {
+            let d = std::env::temp_dir().join(format!("dspark-paths-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(d.join("model")).unwrap();
+            std::fs::create_dir_all(d.join("sibling")).unwrap();
+            Scratch(d.canonicalize().unwrap())
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn resolves_missing_tails_against_the_nearest_existing_ancestor() {
+        let s = Scratch::new("resolve");
+        assert_eq!(resolve(&s.0.join("model/./x/../../sibling")).unwrap(), s.0.join("sibling"));
+        assert_eq!(resolve(&s.0.join("new/a/../b")).unwrap(), s.0.join("new/b"));
+        assert_eq!(resolve(&s.0.join("new/../model")).unwrap(), s.0.join("model"));
+        assert_eq!(resolve(&s.0.join("new/..")).unwrap(), s.0);
+    }
+
+    #[test]
+    fn refuses_the_source_its_ancestors_and_its_insides() {
+        let s = Scratch::new("check");
+        let model = s.0.join("model");
+        let same = check_out_dir(&model, &s.0.join("sibling/../model/.")).unwrap_err();
+        assert!(matches!(same, OutDirError::IsSource { .. }), "{same}");
+        let parent = check_out_dir(&model, &s.0).unwrap_err();
+        assert!(matches!(parent, OutDirError::ContainsSource { .. }), "{parent}");
+        assert!(parent.to_string().contains("delete the source"), "{parent}");
+        let inside = check_out_dir(&model, &model.join("q4/deeper")).unwrap_err();
+        assert!(matches!(inside, OutDirError::InsideSource { .. }), "{inside}");
+        check_out_dir(&model, &s.0.join("model-q4")).unwrap();
+        check_out_dir(&model, &s.0.join("sibling")).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn sees_through_symlinks() {
+        let s = Scratch::new("link");
+        std::os::unix::fs::symlink(s.0.join("model"), s.0.join("alias")).unwrap();
+        let e = check_out_dir(&s.0.join("model"), &s.0.join("alias")).unwrap_err();
+        assert!(matches!(e, OutDirError::IsSource { .. }), "{e}");
+    }
+}

@@ -1,0 +1,227 @@
+//! The `dspark` binary's refusals: each bad command line must fail with a message naming the
+//! flag, and leave every file as it was.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gemma4::checkpoint::write_random_checkpoint;
+use gemma4::config::tiny_config_a;
+use mlx_core::Dtype;
+use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
+
+/// A scratch directory (canonical, so path comparisons hold) removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("dspark-cli-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir.canonicalize().expect("canonical scratch"))
+    }
+
+    fn join(&self, p: &str) -> PathBuf {
+        self.0.join(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A tiny random target (tiny config A, with a tokenizer) in `dir`.
+fn write_target(dir: &Path) -> PathBuf {
+    write_random_checkpoint(dir, &tiny_config_a(), 3, Dtype::Bf16, 1, false).expect("target")
+}
+
+/// A random DSpark drafter for tiny config A in `dir`.
+fn write_drafter(dir: &Path) -> PathBuf {
+    let cfg = DSparkConfig {
+        gamma: 4,
+        d_draft: 64,
+        n_layers: 2,
+        n_heads: 4,
+        markov_rank: 64,
+        ff_mult: 2,
+        tap_layers: vec![1, 3, 6],
+        seq_head: None,
+        sts: None,
+    };
+    DSparkDrafter::init(cfg, &tiny_config_a(), "tiny", 7, true).expect("init").save(dir, false).expect("save")
+}
+
+/// Runs the binary with `DSPARK_HOME` set to `home` (so nothing touches the user's cache).
+fn dspark(home: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dspark")).args(args).env("DSPARK_HOME", home).output().expect("run dspark")
+}
+
+/// Asserts the run failed with a message containing every one of `needles`.
+fn fails_with(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected a failure; stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}: {err}");
+    }
+}
+
+/// Every file under `dir` with its bytes, to compare before and after.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).expect("read file")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+#[test]
+fn quantize_target_refuses_an_out_that_is_contains_or_is_inside_the_model() {
+    let sc = Scratch::new("qt-out");
+    let model = write_target(&sc.join("model"));
+    std::fs::create_dir_all(sc.join("sibling")).unwrap();
+    std::fs::write(sc.join("sibling/keep.txt"), "precious").unwrap();
+    let home = sc.join("home");
+    let before = snapshot(&sc.0);
+    let nested = model.join("q4");
+    let dotted = sc.join("sibling/../model/.");
+    for (out, why) in [
+        (sc.0.as_path(), "contains the source"),
+        (model.as_path(), "is the source"),
+        (dotted.as_path(), "is the source"),
+        (nested.as_path(), "is inside the source"),
+    ] {
+        let r = dspark(&home, &["quantize-target", "--model", s(&model), "--out", s(out), "--force"]);
+        fails_with(&r, &["--out", why]);
+        assert_eq!(snapshot(&sc.0), before, "--out {} changed files", out.display());
+    }
+    assert!(!nested.exists());
+}
+
+#[test]
+fn quantize_target_still_writes_a_sibling_out() {
+    let sc = Scratch::new("qt-ok");
+    let model = write_target(&sc.join("model"));
+    let out = sc.join("model-q8");
+    let r = dspark(&sc.join("home"), &["quantize-target", "--model", s(&model), "--out", s(&out), "--bits", "8"]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(out.join("config.json").is_file());
+}
+
+#[test]
+fn a_drafter_passed_as_model_is_named_as_such() {
+    let sc = Scratch::new("drafter-as-model");
+    let drafter = write_drafter(&sc.join("drafter"));
+    let home = sc.join("home");
+    let r = dspark(&home, &["generate", "--model", s(&drafter), "--tokens", "5 6"]);
+    fails_with(&r, &["drafter checkpoint, not a Gemma-4 target", "pass it as --drafter"]);
+    let r = dspark(&home, &["calibrate", "--model", s(&drafter), "--drafter", s(&drafter)]);
+    fails_with(&r, &["drafter checkpoint, not a Gemma-4 target"]);
+    let r = dspark(&home, &["quantize-target", "--model", s(&drafter)]);
+    fails_with(&r, &["drafter checkpoint, not a Gemma-4 target"]);
+    assert!(!home.exists(), "nothing may be written to DSPARK_HOME");
+}
+
+#[test]
+fn drafter_options_without_a_drafter_are_refused() {
+    let sc = Scratch::new("needs-drafter");
+    let home = sc.join("home");
+    for flags in [&["--gamma", "3"][..], &["--min-conf", "0.5"], &["--calibrated"]] {
+        let mut args = vec!["generate", "--tokens", "5 6", "--max-tokens", "2"];
+        args.extend_from_slice(flags);
+        let r = dspark(&home, &args);
+        fails_with(&r, &[flags[0], "--drafter"]);
+    }
+    assert!(!home.exists(), "nothing may be written to DSPARK_HOME");
+}
+
+#[test]
+fn negative_values_reach_the_range_checks() {
+    let sc = Scratch::new("negative");
+    let home = sc.join("home");
+    let r = dspark(&home, &["generate", "--tokens", "5", "--temperature", "-1"]);
+    fails_with(&r, &["temperature must be ≥ 0, got -1"]);
+    let r = dspark(&home, &["generate", "--tokens", "5", "--top-p", "-0.5"]);
+    fails_with(&r, &["top_p must be in [0, 1], got -0.5"]);
+    let r = dspark(&home, &["calibrate", "--drafter", "d", "--target", "-0.5"]);
+    fails_with(&r, &["--target -0.5", "(0, 1]"]);
+    // Unsigned options say the value is not a number of that kind, rather than "unexpected argument".
+    let r = dspark(&home, &["generate", "--tokens", "5", "--max-tokens", "-3"]);
+    fails_with(&r, &["--max-tokens", "-3"]);
+    assert!(!String::from_utf8_lossy(&r.stderr).contains("unexpected argument"));
+    assert!(!home.exists(), "nothing may be written to DSPARK_HOME");
+}
+
+#[test]
+fn calibrate_refuses_bad_flags_before_writing_anything() {
+    let sc = Scratch::new("calibrate-flags");
+    let model = write_target(&sc.join("model"));
+    let drafter = write_drafter(&sc.join("drafter"));
+    let home = sc.join("home");
+    let before = snapshot(&sc.0);
+    let bad: [(&[&str], &str); 9] = [
+        (&["--target", "nan"], "--target NaN"),
+        (&["--target", "inf"], "--target inf"),
+        (&["--target", "0"], "--target 0"),
+        (&["--target", "1.5"], "--target 1.5"),
+        (&["--tokens", "0"], "--tokens 0"),
+        (&["--prompts", "0"], "--prompts 0"),
+        (&["--prompts", "4000000000"], "--prompts 4000000000"),
+        (&["--prompts", "4294967296"], "--prompts 4294967296"),
+        (&["--prompts", "100001"], "expected 1 to 100000"),
+    ];
+    for (flags, msg) in bad {
+        let mut args = vec!["calibrate", "--model", s(&model), "--drafter", s(&drafter), "--force"];
+        args.extend_from_slice(flags);
+        let r = dspark(&home, &args);
+        fails_with(&r, &[msg]);
+        assert_eq!(snapshot(&sc.0), before, "{flags:?} changed files");
+    }
+    assert!(!home.exists());
+}
+
+#[test]
+fn calibrate_refuses_the_default_drafter_for_another_model() {
+    let sc = Scratch::new("calibrate-default");
+    let model = write_target(&sc.join("model"));
+    let home = sc.join("home");
+    let r = dspark(&home, &["calibrate", "--model", s(&model), "--drafter", "default", "--force"]);
+    fails_with(&r, &["--drafter default", "copy it", "--drafter"]);
+    assert!(!home.exists(), "the default drafter must be neither written nor refitted");
+}
+
+#[test]
+fn without_config_eos_ids_the_tokenizer_eos_stops_and_an_id_prompt_still_prints_ids() {
+    let sc = Scratch::new("eos-fallback");
+    let mut cfg = tiny_config_a();
+    cfg.eos_token_ids = vec![];
+    let model = write_random_checkpoint(&sc.join("model"), &cfg, 3, Dtype::Bf16, 1, false).expect("target");
+    let home = sc.join("home");
+    let ids = |r: &Output| -> Vec<u32> {
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        String::from_utf8_lossy(&r.stdout).split_whitespace().map(|t| t.parse().expect("an id")).collect()
+    };
+    let base = ["generate", "--model", s(&model), "--tokens", "5 6", "--max-tokens", "12"];
+    let free = ids(&dspark(&home, &[&base[..], &["--ignore-eos"]].concat()));
+    assert_eq!(free.len(), 12);
+    // Make the first token that is not a repeat (after the first) the tokenizer's eos: greedy
+    // decoding then stops just before it. The word-level vocabulary names id i `t{i}`.
+    let k = (1..free.len()).find(|&k| !free[..k].contains(&free[k])).expect("a new token");
+    std::fs::write(model.join("tokenizer_config.json"), format!(r#"{{"eos_token": "t{}"}}"#, free[k])).unwrap();
+    let r = dspark(&home, &base);
+    assert_eq!(ids(&r), free[..k], "the output stays ids and ends before the eos");
+    assert!(String::from_utf8_lossy(&r.stderr).contains("finish: stop"), "{}", String::from_utf8_lossy(&r.stderr));
+}
