@@ -18,6 +18,7 @@
 
 mod adamw;
 mod clip;
+pub mod drafter_train;
 mod error;
 mod rng;
 pub mod sampler;

@@ -333,6 +333,24 @@ impl DSparkDrafter {
             .collect()
     }
 
+    /// The same drafter with trained parameters (dense, in `DSparkConfig::param_names` order;
+    /// shapes checked).
+    pub fn with_trained(&self, params: &[Array]) -> Result<Self> {
+        let names = self.cfg.param_names();
+        if names.len() != params.len() {
+            return Err(Error::Contract(format!("{} parameters given, the config has {}", params.len(), names.len())));
+        }
+        let mut map = BTreeMap::new();
+        for (name, a) in names.into_iter().zip(params) {
+            let want = self.cfg.param_shape(&name, &self.dims).unwrap_or_default();
+            if a.shape() != want {
+                return Err(Error::Contract(format!("parameter {name}: shape {:?}, expected {want:?}", a.shape())));
+            }
+            map.insert(name, a.astype(Dtype::F32)?);
+        }
+        Self::from_params(self.cfg.clone(), self.dims.clone(), self.target_id.clone(), self.taps.clone(), map, BTreeMap::new())
+    }
+
     /// The target dimensions the drafter was built for.
     pub fn dims(&self) -> &Dims {
         &self.dims

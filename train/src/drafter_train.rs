@@ -1,0 +1,288 @@
+//! Training a DSpark drafter against a frozen target on regenerated shards.
+//!
+//! Shards split by index into train / validation / test (the last tenth is the test slice and
+//! is never read here; the tenth before it validates). Each step draws a batch of anchors from
+//! one training shard, takes the loss's gradient through MLX, clips it, and applies AdamW on a
+//! warmup + cosine schedule. Every `eval_every` steps the same validation batches (drawn with
+//! their own RNG, so evaluating never changes what training draws) give the analytic τ; the
+//! best drafter so far is saved as a loadable checkpoint, and the whole training state
+//! (parameters, moments, step, both RNGs) is saved for `resume`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use gemma4::Model;
+use mlx_core::random::KeyChain;
+use mlx_core::{value_and_grad, Array};
+use spec_decode::dspark::train::{dspark_loss, forward_train, LossTerms, LossWeights, TrainBatch};
+use spec_decode::dspark::DSparkDrafter;
+
+use crate::adamw::{AdamW, AdamWConfig};
+use crate::clip::clip_global_norm;
+use crate::error::{Error, Result};
+use crate::rng::SplitMix64;
+use crate::sampler::sample_batch;
+use crate::schedule::WarmupCosine;
+use crate::shards::{list_shards, read_shard, Shard, TargetId};
+use crate::state::TrainState;
+
+/// Settings of a drafter training run.
+#[derive(Clone, Debug)]
+pub struct DrafterTrainConfig {
+    pub steps: u64,
+    /// Anchors per step.
+    pub batch: usize,
+    pub lr: f64,
+    pub warmup: u64,
+    /// Context rows before each anchor (older rows are cut, as a bounded inference context is).
+    pub max_ctx: usize,
+    pub seed: u64,
+    pub eval_every: u64,
+    pub eval_batches: usize,
+    /// Global gradient-norm limit.
+    pub clip: f64,
+    pub weight_decay: f64,
+    pub loss: LossWeights,
+}
+
+impl Default for DrafterTrainConfig {
+    fn default() -> Self {
+        DrafterTrainConfig {
+            steps: 1000,
+            batch: 16,
+            lr: 3e-3,
+            warmup: 50,
+            max_ctx: 256,
+            seed: 0,
+            eval_every: 100,
+            eval_batches: 8,
+            clip: 1.0,
+            weight_decay: 0.0,
+            loss: LossWeights::default(),
+        }
+    }
+}
+
+/// Shards by role.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    pub train: Vec<PathBuf>,
+    pub val: Vec<PathBuf>,
+    pub test: Vec<PathBuf>,
+}
+
+/// Splits sorted shards: the last tenth (at least one) is the test slice, the tenth before it
+/// validation, the rest training. Needs three shards.
+pub fn split_shards(shards: &[PathBuf], data_dir: &Path) -> Result<Split> {
+    let n = shards.len();
+    if n < 3 {
+        return Err(Error::State {
+            path: data_dir.to_path_buf(),
+            detail: format!("{n} shard(s): training needs at least 3 (train, validation and a held-out test slice)"),
+        });
+    }
+    let k = (n / 10).max(1);
+    Ok(Split {
+        train: shards[..n - 2 * k].to_vec(),
+        val: shards[n - 2 * k..n - k].to_vec(),
+        test: shards[n - k..].to_vec(),
+    })
+}
+
+/// Analytic acceptance on the validation batches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvalReport {
+    pub tau: f64,
+    /// Mean acceptance per block position.
+    pub acceptance: Vec<f64>,
+    pub loss: f64,
+}
+
+/// What a step reports.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    pub step: u64,
+    pub steps: u64,
+    pub loss: f64,
+    pub ce: f64,
+    pub tv: f64,
+    pub bce: f64,
+    pub lr: f64,
+    pub anchors_per_s: f64,
+    pub eta_s: f64,
+    pub eval: Option<EvalReport>,
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug)]
+pub struct TrainReport {
+    pub steps: u64,
+    pub first_loss: f64,
+    pub last_loss: f64,
+    pub best: Option<EvalReport>,
+    /// `<out>/best`: the drafter checkpoint with the best validation τ.
+    pub best_dir: PathBuf,
+    pub anchors_per_s: f64,
+}
+
+fn scalar(a: &Array) -> Result<f64> {
+    Ok(f64::from(a.to_f32_vec()?.first().copied().unwrap_or(f32::NAN)))
+}
+
+struct Run<'a> {
+    target: &'a Model,
+    drafter: &'a DSparkDrafter,
+    cfg: &'a DrafterTrainConfig,
+}
+
+impl Run<'_> {
+    fn terms(&self, params: &[Array], batch: &TrainBatch) -> spec_decode::Result<LossTerms> {
+        let d = self.drafter;
+        let f = forward_train(d.config(), d.dims(), params, self.target, batch)?;
+        dspark_loss(&f, self.target, batch, &self.cfg.loss)
+    }
+
+    fn evaluate(&self, params: &[Array], val: &[Shard]) -> Result<EvalReport> {
+        // The same batches at every evaluation, from an RNG of their own.
+        let mut rng = SplitMix64::new(self.cfg.seed ^ 0x5eed_e7a1);
+        let (mut tau, mut loss, mut acc) = (0.0, 0.0, vec![0.0; self.drafter.config().gamma]);
+        for _ in 0..self.cfg.eval_batches {
+            let shard = &val[rng.below(val.len() as u64) as usize];
+            let b = sample_batch(shard, self.cfg.batch, self.drafter.config().gamma, self.cfg.max_ctx, &mut rng)?;
+            let t = self.terms(params, &b).map_err(spec_err)?;
+            tau += scalar(&t.tau)?;
+            loss += scalar(&t.total)?;
+            for (a, v) in acc.iter_mut().zip(t.acceptance.to_f32_vec()?) {
+                *a += f64::from(v);
+            }
+        }
+        let n = self.cfg.eval_batches.max(1) as f64;
+        Ok(EvalReport { tau: tau / n, loss: loss / n, acceptance: acc.iter().map(|a| a / n).collect() })
+    }
+}
+
+fn spec_err(e: spec_decode::Error) -> Error {
+    Error::Mismatch { what: "drafter forward", detail: e.to_string() }
+}
+
+/// Trains `init` (a dense DSpark drafter for `target`) on the shards in `data_dir`, writing
+/// `<out>/best` and `<out>/state`. With `resume`, continues from `<out>/state`.
+pub fn train_drafter(
+    target: &Model,
+    init: &DSparkDrafter,
+    data_dir: &Path,
+    out: &Path,
+    cfg: &DrafterTrainConfig,
+    resume: bool,
+    mut on_progress: impl FnMut(&Progress),
+) -> Result<TrainReport> {
+    let tcfg = target.config();
+    let taps = init.config().tap_layers.clone();
+    if taps.last() != Some(&tcfg.num_hidden_layers) {
+        return Err(Error::Mismatch {
+            what: "taps",
+            detail: format!(
+                "the drafter's last tap is {:?}; training needs the final-norm output ({}) last, to compute p^t",
+                taps.last(),
+                tcfg.num_hidden_layers
+            ),
+        });
+    }
+    let shards = list_shards(data_dir, Some((&TargetId::of(tcfg), &taps)))?;
+    let split = split_shards(&shards, data_dir)?;
+    let load = |ps: &[PathBuf]| ps.iter().map(|p| read_shard(p)).collect::<Result<Vec<_>>>();
+    let (train_shards, val_shards) = (load(&split.train)?, load(&split.val)?);
+    let names = init.config().param_names();
+    let state_dir = out.join("state");
+    let mut state = if resume {
+        let s = TrainState::load(&state_dir)?;
+        if s.names != names {
+            return Err(Error::State {
+                path: state_dir.join("state.json"),
+                detail: "the saved parameters are not this drafter's (another configuration)".into(),
+            });
+        }
+        s
+    } else {
+        let params = init.trainable_params().map_err(spec_err)?;
+        let opt = AdamW::new(AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() }, &params)?;
+        TrainState {
+            names: names.clone(),
+            params,
+            opt,
+            rng: KeyChain::new(cfg.seed)?.state().clone(),
+            extra: serde_json::json!({ "sampler_rng": cfg.seed, "best_tau": null }),
+        }
+    };
+    let mut rng = SplitMix64::new(state.extra["sampler_rng"].as_u64().unwrap_or(cfg.seed));
+    let mut best: Option<EvalReport> = None;
+    let best_tau = state.extra["best_tau"].as_f64();
+    let run = Run { target, drafter: init, cfg };
+    let sched = WarmupCosine::new(cfg.lr, cfg.warmup, cfg.steps);
+    let argnums: Vec<usize> = (0..state.params.len()).collect();
+    let gamma = init.config().gamma;
+    let (mut first_loss, mut last_loss) = (f64::NAN, f64::NAN);
+    let t0 = Instant::now();
+    let start_step = state.opt.step;
+    while state.opt.step < cfg.steps {
+        let shard = &train_shards[rng.below(train_shards.len() as u64) as usize];
+        let batch = sample_batch(shard, cfg.batch, gamma, cfg.max_ctx, &mut rng)?;
+        let f = |xs: &[Array]| -> spec_decode::Result<Vec<Array>> {
+            let t = run.terms(xs, &batch)?;
+            Ok(vec![t.total, t.ce, t.tv, t.bce])
+        };
+        let (values, grads) = value_and_grad(f, &state.params, &argnums).map_err(spec_err)?;
+        let (grads, _) = clip_global_norm(&grads, cfg.clip)?;
+        let lr = sched.lr(state.opt.step);
+        state.params = state.opt.step(&state.params, &grads, lr)?;
+        let mut all: Vec<&Array> = state.params.iter().chain(&values).collect();
+        all.extend(state.opt.state_arrays());
+        mlx_core::eval(&all)?;
+        let loss = scalar(&values[0])?;
+        if !loss.is_finite() {
+            return Err(Error::Mismatch { what: "training", detail: format!("loss is {loss} at step {}", state.opt.step) });
+        }
+        if first_loss.is_nan() {
+            first_loss = loss;
+        }
+        last_loss = loss;
+        let step = state.opt.step;
+        let done = (step - start_step) as f64;
+        let anchors_per_s = done * cfg.batch as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+        let eval = if step % cfg.eval_every.max(1) == 0 || step == cfg.steps {
+            let e = run.evaluate(&state.params, &val_shards)?;
+            let improved = best.as_ref().map_or(best_tau.is_none_or(|b| e.tau > b), |b| e.tau > b.tau);
+            if improved {
+                init.with_trained(&state.params).map_err(spec_err)?.save(&out.join("best"), true).map_err(spec_err)?;
+                best = Some(e.clone());
+                state.extra["best_tau"] = e.tau.into();
+            }
+            state.extra["sampler_rng"] = rng.state.into();
+            state.save(&state_dir, true)?;
+            Some(e)
+        } else {
+            None
+        };
+        on_progress(&Progress {
+            step,
+            steps: cfg.steps,
+            loss,
+            ce: scalar(&values[1])?,
+            tv: scalar(&values[2])?,
+            bce: scalar(&values[3])?,
+            lr,
+            anchors_per_s,
+            eta_s: (cfg.steps - step) as f64 * cfg.batch as f64 / anchors_per_s.max(1e-9),
+            eval,
+        });
+    }
+    let done = state.opt.step - start_step;
+    Ok(TrainReport {
+        steps: state.opt.step,
+        first_loss,
+        last_loss,
+        best,
+        best_dir: out.join("best"),
+        anchors_per_s: done as f64 * cfg.batch as f64 / t0.elapsed().as_secs_f64().max(1e-9),
+    })
+}
