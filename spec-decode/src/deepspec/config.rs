@@ -1,6 +1,6 @@
-//! `config.json` of a DeepSpec checkpoint (DeepSeek `Gemma4DSparkModel`, spec §11.3), with the
-//! keys, defaults and refusals of the reference reader. Every error names `config.json` (the
-//! path) and the key. Each refusal guards a variant that would load cleanly and compute the
+//! `config.json` of a DeepSpec checkpoint (DeepSeek `Gemma4DSparkModel`), with the keys,
+//! defaults and refusals of the reference reader (listed in docs/formats.md, "DeepSpec
+//! drafters"). Every error names `config.json` (the path) and the key. Each refusal guards a variant that would load cleanly and compute the
 //! wrong math: `attention_k_eq_v = false` (needs a real v_proj), a non-vanilla Markov head
 //! (gated/rnn ship the same tensors) and an activation other than `gelu_pytorch_tanh`.
 
