@@ -384,7 +384,11 @@ fn markov_walk_matches_a_reference_walk() {
     }
     assert_eq!(u32s(&p.tokens), toks);
     let steps = concatenate(&steps, 0).unwrap();
-    assert_eq!(bits(p.logits.as_ref().unwrap()), bits(&steps), "the returned logits are the step logits, Markov bias included, not the base logits");
+    assert_eq!(
+        bits(p.logits.as_ref().unwrap()),
+        bits(&steps),
+        "the returned logits are the step logits, Markov bias included, not the base logits"
+    );
     let conf = p.confidence.unwrap().to_f32_vec().unwrap();
     assert_eq!(
         conf.iter().map(|c| c.to_bits()).collect::<Vec<_>>(),
