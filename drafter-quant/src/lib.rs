@@ -1,6 +1,6 @@
-//! MLX-affine quantized copies of drafter checkpoints (spec-decode.md §15), in the layout
-//! mlx-lm / MLX-community use, so gemma4's `WeightMap` — the target loader's quantization
-//! code — reads them back: packed `<module>.weight` (uint32) + `<module>.scales` +
+//! MLX-affine quantized copies of drafter checkpoints (docs/formats.md, "Quantized drafters"),
+//! in the layout mlx-lm / MLX-community use, so gemma4's `WeightMap` — the target loader's
+//! quantization code — reads them back: packed `<module>.weight` (uint32) + `<module>.scales` +
 //! `<module>.biases` (bf16), and a `quantization` block `{group_size, bits, mode: "affine",
 //! "<module>": false, …}` where `false` marks a module kept at full precision.
 //!
@@ -71,7 +71,7 @@ pub struct QuantizeOptions {
 }
 
 impl Default for QuantizeOptions {
-    /// 4 bits, group 64 (spec §15.3), automatic smoke.
+    /// 4 bits, group 64, automatic smoke.
     fn default() -> Self {
         QuantizeOptions { bits: 4, group_size: 64, force: false, smoke: Smoke::Auto, shard_bytes: DEFAULT_SHARD_BYTES }
     }
@@ -117,7 +117,7 @@ pub struct QuantReport {
     pub smoke: SmokeOutcome,
 }
 
-/// `<src>-affine-q<bits>-g<group>`, the default output directory (spec §15.3).
+/// `<src>-affine-q<bits>-g<group>`, the default output directory, beside the source.
 pub fn default_out_dir(src: &Path, bits: u32, group_size: u32) -> PathBuf {
     // Beside the source (resolved first, so `--src .` does not put it inside).
     let src = src.canonicalize().unwrap_or_else(|_| src.to_path_buf());

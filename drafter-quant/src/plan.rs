@@ -1,6 +1,6 @@
 //! Reading the source checkpoint and deciding, tensor by tensor, what gets written.
 //!
-//! DeepSpec (spec §15.2, HF `[out, in]` linears): every 2-D `<module>.weight` is quantized along
+//! DeepSpec (HF `[out, in]` linears): every 2-D `<module>.weight` is quantized along
 //! its last axis — all projections, `fc`, `lm_head`, `markov_head.markov_w2` and the gather
 //! tables `embed_tokens`, `markov_head.markov_w1` — except `confidence_head.*`, which is kept
 //! and written as a `false` entry. DSpark (f32, `[in, out]`): the matmul parameters are

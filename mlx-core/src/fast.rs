@@ -33,7 +33,7 @@ pub fn rope(x: &Array, dims: i32, traditional: bool, freqs: RopeFreqs<'_>, scale
     Array::wrap("rope", ffi::rope(x.raw(), dims, traditional, base, scale, off.raw(), f.raw()))
 }
 
-/// The attention mask forms mlx-lm uses (gemma4.md §5.4); the mode decides the kernel.
+/// The attention mask forms mlx-lm uses (docs/numerics.md, "Masks"); the mode decides the kernel.
 #[derive(Clone, Copy, Debug)]
 pub enum Mask<'a> {
     /// No mask (single-token decode).

@@ -1,5 +1,5 @@
 //! Explicit-key random numbers (MLX's threefry keys), so sampling is reproducible and can follow
-//! the same split chain as mlx-lm's global RNG (gemma4.md §6.3).
+//! the same split chain as mlx-lm's global RNG (docs/numerics.md, "Random numbers").
 
 use crate::array::{Array, List};
 use crate::error::{mlx_err, Error, Result};

@@ -40,12 +40,13 @@ fn arithmetic_and_broadcast() -> R {
 
 #[test]
 fn scalars_take_the_array_dtype() -> R {
-    // gemma4.md §0: sqrt(1536) multiplies a bf16 array as bf16(39.19) = 39.25, result stays bf16.
+    // MLX's weak scalars: sqrt(1536) multiplies a bf16 array as bf16(39.19) = 39.25, result stays bf16.
     let x = Array::ones(&[3], Dtype::Bf16)?;
     let y = x.mul_scalar(1536f64.sqrt())?;
     assert_eq!(y.dtype(), Dtype::Bf16);
     assert_eq!(f32s(&y), vec![39.25; 3]);
-    assert_eq!(f32s(&Array::scalar(0.5f64.sqrt(), Dtype::Bf16)?), vec![0.707_031_25]); // bf16 round-to-nearest of 0.70711 (gemma4.md §3.0 lists 0.703125, which MLX does not produce)
+    // bf16 round-to-nearest of 0.70711 is 0.70703125 (not 0.703125, a value sometimes quoted).
+    assert_eq!(f32s(&Array::scalar(0.5f64.sqrt(), Dtype::Bf16)?), vec![0.707_031_25]);
     assert_eq!(f32s(&Array::scalar(2560f64.sqrt(), Dtype::Bf16)?), vec![50.5]);
     // An f32 array operand promotes instead.
     let z = x.multiply(&Array::scalar(2.0, Dtype::F32)?)?;
@@ -257,7 +258,7 @@ fn quantize_round_trip_and_matmul() -> R {
 #[test]
 fn quantized_nibbles_are_little_endian() -> R {
     // A linear ramp 0..31 over one group of 32 at 4 bits: word 0 holds elements 0..7, element 0
-    // in the lowest nibble (gemma4.md §4.5).
+    // in the lowest nibble (docs/numerics.md, "MLX affine quantization").
     let w = Array::arange(0.0, 32.0, 1.0, Dtype::F32)?.reshape(&[1, 32])?;
     let q = quant::quantize(&w, QuantSpec::new(4, 32)?)?;
     let words = q.weight.to_vec::<u32>()?;

@@ -34,7 +34,8 @@ use thiserror::Error;
 pub const ROW_SUM_TOLERANCE: f64 = 1e-3;
 
 /// Residual mass at or below this counts as zero: `p ≤ q` everywhere, so `p == q` for two
-/// distributions, up to rounding. The original system used the same guard.
+/// distributions, up to rounding, and the residual falls back to `p` (docs/verify.md, "The
+/// residual-mass epsilon").
 pub const RESIDUAL_MASS_EPSILON: f64 = 1e-12;
 
 /// The one token the verifier adds after the accepted drafts.

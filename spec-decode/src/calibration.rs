@@ -4,7 +4,8 @@
 //! prune); positions where no threshold reaches the target get 1.0 (always prune there);
 //! position 0 is never pruned. Deterministic and independent of sample order.
 //!
-//! (The original called this "STS"; it is not the paper's sequential temperature scaling.)
+//! The result is stored as `config.sts` in `dspark.json`; the name is historical and has nothing
+//! to do with sequential temperature scaling. See docs/verify.md, "Confidence pruning".
 
 /// One observed draft position.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -1,7 +1,8 @@
-//! Confidence-scheduled draft length (the paper's Algorithm 1, single-request form): the block
-//! is cut at the first position k ≥ 1 whose confidence is below that position's threshold.
-//! Position 0 is always kept, so a round verifies at least one draft. Pruning only truncates;
-//! it never re-draws, so the kept drafts are exactly those the unpruned drafter would propose.
+//! Confidence-scheduled draft length, single-request form (docs/verify.md, "Confidence
+//! pruning"): the block is cut at the first position k ≥ 1 whose confidence is below that
+//! position's threshold. Position 0 is always kept, so a round verifies at least one draft.
+//! Pruning only truncates; it never re-draws, so the kept drafts are exactly those the unpruned
+//! drafter would propose.
 
 use crate::error::{Error, Result};
 

@@ -1,8 +1,8 @@
-//! The DeepSpec drafter on synthetic checkpoints (spec §17 "DeepSpec synthetic checkpoint",
-//! brief §10): loading and every refusal, the fidelity traps of §11.5/§11.6 (Markov walk in the
-//! model dtype, k ≡ v with a weightless unroped v, `layer_scalar` on the whole layer output,
-//! proportional RoPE identity dims), context K/V caching exactness, sampled reproducibility,
-//! and quantized checkpoints through gemma4's `WeightMap`.
+//! The DeepSpec drafter on synthetic checkpoints: loading and every refusal, the fidelity traps
+//! of docs/numerics.md, "DeepSpec drafter numerics" (Markov walk in the model dtype, k ≡ v
+//! with a weightless unroped v, `layer_scalar` on the whole layer output, proportional RoPE
+//! identity dims), context K/V caching exactness, sampled reproducibility, and quantized
+//! checkpoints through gemma4's `WeightMap`.
 //!
 //! The target is gemma4's tiny config A (hidden 128, 6 layers, vocab 512) with random weights;
 //! context rows are real tapped rows from `Model::forward_tapped`.
@@ -384,7 +384,11 @@ fn markov_walk_matches_a_reference_walk() {
     }
     assert_eq!(u32s(&p.tokens), toks);
     let steps = concatenate(&steps, 0).unwrap();
-    assert_eq!(bits(p.logits.as_ref().unwrap()), bits(&steps), "returned logits include the Markov bias (bug 38)");
+    assert_eq!(
+        bits(p.logits.as_ref().unwrap()),
+        bits(&steps),
+        "the returned logits are the step logits, Markov bias included, not the base logits"
+    );
     let conf = p.confidence.unwrap().to_f32_vec().unwrap();
     assert_eq!(
         conf.iter().map(|c| c.to_bits()).collect::<Vec<_>>(),

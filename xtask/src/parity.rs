@@ -1,6 +1,7 @@
 //! `cargo xtask parity`: our gemma4 against mlx-lm on tiny random checkpoints in the real
-//! formats (gemma4.md §9): prompt logits must be bit-identical, and generation token-identical,
-//! past the sliding window, for every config including the quantized ones.
+//! formats (docs/formats.md, "Tiny test configs"): prompt logits must be bit-identical, and
+//! generation token-identical, past the sliding window, for every config including the
+//! quantized ones.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-/// Pinned reference versions (gemma4.md: mlx-lm 0.32.2 on mlx 0.32.4).
+/// Pinned reference versions: the parity gate holds gemma4 to mlx-lm 0.32.2 on mlx 0.32.4.
 pub const PACKAGES: [&str; 3] = ["mlx==0.32.4", "mlx-cpu==0.32.4", "mlx-lm==0.32.2"];
 
 /// Creates (once) and returns the venv's python.

@@ -1,5 +1,6 @@
 //! Elementwise arithmetic. Scalar variants build the scalar **in the array's dtype** (MLX's weak
-//! scalar rule, gemma4.md §0): `bf16 * 39.19` multiplies by bf16(39.19) = 39.25 and stays bf16.
+//! scalar rule): `bf16 * 39.19` multiplies by bf16(39.19) = 39.25 and stays bf16. See
+//! docs/numerics.md, "Weak scalars".
 
 use crate::array::Array;
 use crate::error::Result;
@@ -183,7 +184,8 @@ pub fn where_(cond: &Array, a: &Array, b: &Array) -> Result<Array> {
 }
 
 /// MLX's `nn.gelu_approx`, op for op: `0.5 * x * (1 + tanh(sqrt(2/π) * (x + 0.044715 * x**3)))`
-/// with weak scalars and `x**3` as `power` (gemma4.md §0 fact 11: `x*x*x` differs in bf16).
+/// with weak scalars and `x**3` as `power`: `x*x*x` gives other bf16 bits (docs/numerics.md,
+/// "Activation: `x**3` is `power`").
 #[track_caller]
 pub fn gelu_approx(x: &Array) -> Result<Array> {
     let cube = x.power_scalar(3.0)?;

@@ -1,6 +1,6 @@
-//! `config.json` of a DeepSpec checkpoint (DeepSeek `Gemma4DSparkModel`, spec §11.3), with the
-//! keys, defaults and refusals of the reference reader. Every error names `config.json` (the
-//! path) and the key. Each refusal guards a variant that would load cleanly and compute the
+//! `config.json` of a DeepSpec checkpoint (DeepSeek `Gemma4DSparkModel`), with the keys,
+//! defaults and refusals of DeepSeek's reference reader (listed in docs/formats.md, "DeepSpec
+//! drafters"). Every error names `config.json` (the path) and the key. Each refusal guards a variant that would load cleanly and compute the
 //! wrong math: `attention_k_eq_v = false` (needs a real v_proj), a non-vanilla Markov head
 //! (gated/rnn ship the same tensors) and an activation other than `gelu_pytorch_tanh`.
 
@@ -53,7 +53,7 @@ pub struct DeepSpecConfig {
     pub confidence_head_with_markov: bool,
     pub rope_theta: f32,
     pub rope: RopeKind,
-    /// DeepSpec's truncation threshold (a call argument in the reference; 0 = off).
+    /// DeepSpec's truncation threshold (a call argument in DeepSeek's reference code; 0 = off).
     pub confidence_threshold: f32,
     /// The mlx-lm quantization block of quantized siblings.
     pub quantization: Option<QuantizationConfig>,

@@ -1,4 +1,5 @@
-//! The per-request context K/V cache (spec §11.8, brief §3.5).
+//! The per-request context K/V cache of the DeepSpec drafter (docs/architecture.md,
+//! "Drafters").
 //!
 //! Invariants:
 //! - `len` = committed context rows; row `i` sits at absolute position `i`.

@@ -1,4 +1,5 @@
-//! DeepSpec-format drafters (DeepSeek `Gemma4DSparkModel` checkpoints, spec §11).
+//! DeepSpec-format drafters (DeepSeek `Gemma4DSparkModel` checkpoints; format in
+//! docs/formats.md, "DeepSpec drafters").
 //!
 //! A 5-layer Gemma-4-shaped transformer reads the target's tapped hidden states
 //! (`target_layer_ids`, tap `TapPoint::Layer(id)` = DeepSpec's `hidden_states[id + 1]`) as
@@ -6,15 +7,16 @@
 //! forward; a vanilla Markov head then walks the block left to right.
 //!
 //! Invariants:
-//! - Loading is strict (every tensor of §11.4 consumed, shapes checked) and sharding-aware;
+//! - Loading is strict (every checkpoint tensor consumed, shapes checked) and sharding-aware;
 //!   quantized siblings load through gemma4's `WeightMap` (`.scales` sibling + config entry).
 //! - The context K/V cache holds exactly the committed rows, projected once (see `context`).
 //! - `propose` reads nothing back to the host: the block is built with `concatenate` and the
 //!   Markov token chain stays on the device (argmax / categorical feed the next gather).
 //! - Step logits `base[k] + markov_w2(markov_w1[prev])` are summed in the model dtype (bf16),
-//!   and confidence is `σ(f32(proj([h_k; markov_w1[prev_k]]) + bias))` (§11.5). The returned
-//!   `logits` are these step logits in f32 — the distribution each draft was drawn from
-//!   (FIX bug 38: never the pre-Markov base logits).
+//!   and confidence is `σ(f32(proj([h_k; markov_w1[prev_k]]) + bias))` (docs/numerics.md,
+//!   "DeepSpec drafter numerics"). The returned `logits` are these step logits in f32 — the
+//!   distribution each draft was drawn from, Markov bias included — never the pre-Markov base
+//!   logits.
 //! - The drafter never prunes and never returns 0 drafts: d = min(max_drafts, γ) ≥ 1.
 
 mod config;
@@ -149,7 +151,7 @@ impl DeepSpecDrafter {
             let base_k = block.base_logits.slice_axis(1, k, k + 1)?.reshape(&[1, v])?; // [1, V]
             let e1 = self.model.markov.as_ref().map(|m| m.w1.forward(&prev)).transpose()?; // [1, r]
             let step = match (&self.model.markov, &e1) {
-                (Some(m), Some(e)) => base_k.add(&m.w2.forward(e)?)?, // bf16 sum (§11.5)
+                (Some(m), Some(e)) => base_k.add(&m.w2.forward(e)?)?, // summed in bf16 (docs/numerics.md)
                 _ => base_k,
             };
             let step32 = step.astype(Dtype::F32)?;
@@ -290,7 +292,8 @@ fn check_fits(dir: &Path, cfg: &DeepSpecConfig, target: &TextConfig) -> Result<(
     Ok(())
 }
 
-/// A `.scales` sibling needs a quantization config entry (spec §11.7).
+/// A `.scales` sibling needs a quantization config entry, a default or its own (docs/formats.md,
+/// "MLX affine quantization").
 fn check_quantized_entries<'a>(
     dir: &Path,
     cfg: &DeepSpecConfig,

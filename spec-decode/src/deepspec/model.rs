@@ -1,4 +1,5 @@
-//! The DeepSpec backbone (spec §11.4–§11.6): weights and the stateless forward pieces.
+//! The DeepSpec backbone: weights (docs/formats.md, "DeepSpec drafters") and the stateless
+//! forward pieces (docs/numerics.md, "DeepSpec drafter numerics").
 //!
 //! Numerics mirror gemma4 (and so mlx-lm / HF Gemma4): `fast::rms_norm` (null weight = the
 //! scale-less v_norm), weak scalars in the model dtype, `gelu_approx` with `power(x, 3)`,
@@ -65,7 +66,8 @@ pub(crate) struct DeepSpecModel {
 }
 
 impl DeepSpecModel {
-    /// Takes every tensor of §11.4 from `wm` (shapes checked against `cfg`).
+    /// Takes every checkpoint tensor (docs/formats.md, "DeepSpec drafters") from `wm`, shapes
+    /// checked against `cfg`.
     pub(crate) fn from_weights(cfg: DeepSpecConfig, wm: &mut WeightMap) -> Result<DeepSpecModel> {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let (nh, nkv, hd, inter) = (cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size);

@@ -1,5 +1,5 @@
-//! Tiny random-weight DeepSpec checkpoints in the real on-disk format (spec §11.3–§11.4), for
-//! tests: HF `[out, in]` linears, bf16 tensors with no key prefix, a `config.json` carrying every
+//! Tiny random-weight DeepSpec checkpoints in the real on-disk format (docs/formats.md,
+//! "DeepSpec drafters"), for tests: HF `[out, in]` linears, bf16 tensors with no key prefix, a `config.json` carrying every
 //! key the reader consumes, sized to a target's hidden size, vocabulary and depth.
 //!
 //! Init (seeded, one key per tensor in `param_specs` order): matrices and gather tables
@@ -74,7 +74,7 @@ enum Init {
     Confidence,
 }
 
-/// Every tensor (name, shape, init) of §11.4 for these options, in a stable order.
+/// Every checkpoint tensor (name, shape, init) for these options, in a stable order.
 fn param_specs(h: usize, v: usize, o: &SyntheticDeepSpec) -> Vec<(String, Vec<usize>, Init)> {
     let (nh, nkv, hd, inter) = (o.heads, o.kv_heads, o.head_dim, o.intermediate_size);
     let mut out = vec![

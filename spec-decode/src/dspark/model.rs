@@ -1,5 +1,6 @@
-//! The DSpark drafter (spec-decode.md §10, variant "dspark"): a parallel DFlash backbone over the
-//! block `[anchor, γ−1 mask slots]` whose layers attend bidirectionally over the projected
+//! The DSpark drafter (variant "dspark"; see docs/architecture.md, "Drafters", and
+//! docs/formats.md, "DSpark drafters"): a parallel DFlash backbone over the block
+//! `[anchor, γ−1 mask slots]` whose layers attend bidirectionally over the projected
 //! multi-layer target context H_ctx = RMSNorm(W_c · taps) plus the block, then a Markov head
 //! (B_k = W1[x_{k−1}]·W2) and a confidence head (c_k = σ(w·[h_k; W1[x_{k−1}]] + b)); the target's
 //! own LM head turns the backbone output into logits.
@@ -163,7 +164,7 @@ impl DSparkDrafter {
         self.w.linears().any(|m| matches!(m, LinearWeights::Quantized(_)))
     }
 
-    /// A freshly initialised drafter for `target` (spec §10.3: norms 1, matrices N(0, 0.02²),
+    /// A freshly initialised drafter for `target` (norms 1, matrices N(0, 0.02²),
     /// `markov.w2`, `conf.w`, `conf.b` zero). `random_heads` also draws the Markov and
     /// confidence heads at random, so untrained drafters exercise those paths in tests.
     pub fn init(
