@@ -43,6 +43,9 @@ pub struct DrafterTrainConfig {
     pub clip: f64,
     pub weight_decay: f64,
     pub loss: LossWeights,
+    /// Stop after this step as an interrupted run would (the schedule still spans `steps`);
+    /// the state saved at the last evaluation resumes it.
+    pub stop_after: Option<u64>,
 }
 
 impl Default for DrafterTrainConfig {
@@ -59,6 +62,7 @@ impl Default for DrafterTrainConfig {
             clip: 1.0,
             weight_decay: 0.0,
             loss: LossWeights::default(),
+            stop_after: None,
         }
     }
 }
@@ -119,6 +123,8 @@ pub struct TrainReport {
     pub steps: u64,
     pub first_loss: f64,
     pub last_loss: f64,
+    /// Validation before the first step of this run (the starting drafter's analytic τ).
+    pub initial: EvalReport,
     pub best: Option<EvalReport>,
     /// `<out>/best`: the drafter checkpoint with the best validation τ.
     pub best_dir: PathBuf,
@@ -222,6 +228,7 @@ pub fn train_drafter(
     let argnums: Vec<usize> = (0..state.params.len()).collect();
     let gamma = init.config().gamma;
     let (mut first_loss, mut last_loss) = (f64::NAN, f64::NAN);
+    let initial = run.evaluate(&state.params, &val_shards)?;
     let t0 = Instant::now();
     let start_step = state.opt.step;
     while state.opt.step < cfg.steps {
@@ -240,7 +247,10 @@ pub fn train_drafter(
         mlx_core::eval(&all)?;
         let loss = scalar(&values[0])?;
         if !loss.is_finite() {
-            return Err(Error::Mismatch { what: "training", detail: format!("loss is {loss} at step {}", state.opt.step) });
+            return Err(Error::Mismatch {
+                what: "training",
+                detail: format!("loss is {loss} at step {}", state.opt.step),
+            });
         }
         if first_loss.is_nan() {
             first_loss = loss;
@@ -275,12 +285,16 @@ pub fn train_drafter(
             eta_s: (cfg.steps - step) as f64 * cfg.batch as f64 / anchors_per_s.max(1e-9),
             eval,
         });
+        if cfg.stop_after.is_some_and(|s| step >= s) {
+            break;
+        }
     }
     let done = state.opt.step - start_step;
     Ok(TrainReport {
         steps: state.opt.step,
         first_loss,
         last_loss,
+        initial,
         best,
         best_dir: out.join("best"),
         anchors_per_s: done as f64 * cfg.batch as f64 / t0.elapsed().as_secs_f64().max(1e-9),

@@ -349,7 +349,14 @@ impl DSparkDrafter {
             }
             map.insert(name, a.astype(Dtype::F32)?);
         }
-        Self::from_params(self.cfg.clone(), self.dims.clone(), self.target_id.clone(), self.taps.clone(), map, BTreeMap::new())
+        Self::from_params(
+            self.cfg.clone(),
+            self.dims.clone(),
+            self.target_id.clone(),
+            self.taps.clone(),
+            map,
+            BTreeMap::new(),
+        )
     }
 
     /// The target dimensions the drafter was built for.
