@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use dspark::{calibrate, default_model, generate, quantize_drafter, quantize_target};
+use dspark::{calibrate, default_model, generate, quantize_drafter, quantize_target, train};
 
 #[derive(Parser)]
 #[command(name = "dspark", version, about = "Gemma-4 on MLX with lossless speculative decoding")]
@@ -22,6 +22,8 @@ enum Cmd {
     QuantizeDrafter(quantize_drafter::Args),
     /// Write an MLX-affine-quantized copy of a Gemma-4 target checkpoint (mlx-lm's layout).
     QuantizeTarget(quantize_target::Args),
+    /// Train a DSpark drafter for a target on shards written by `dspark regen`.
+    Train(train::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
     InitDefault {
         /// Replace an existing default checkpoint.
@@ -36,6 +38,7 @@ fn main() -> Result<()> {
         Cmd::QuantizeDrafter(args) => quantize_drafter::run(args),
         Cmd::QuantizeTarget(args) => quantize_target::run(args),
         Cmd::Calibrate(args) => calibrate::run(args),
+        Cmd::Train(args) => train::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;
             let drafter = default_model::ensure_drafter(&dir, force)?;

@@ -162,7 +162,8 @@ pub fn read_shard(dir: &Path) -> Result<Shard> {
     Ok(Shard { path: dir.to_path_buf(), meta, rows, ids, seqs })
 }
 
-fn read_meta(dir: &Path) -> Result<ShardMeta> {
+/// Reads and checks `dir/shard.json`.
+pub fn read_meta(dir: &Path) -> Result<ShardMeta> {
     let path = dir.join("shard.json");
     let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
     let meta: ShardMeta =
