@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 mod adamw;
+pub mod analytic;
 mod clip;
 pub mod drafter_train;
 mod error;

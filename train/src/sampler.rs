@@ -30,18 +30,24 @@ pub fn sample_batch(shard: &Shard, a: usize, gamma: usize, max_ctx: usize, rng: 
     if total == 0 {
         return Err(Error::State {
             path: shard.path.clone(),
-            detail: format!(
-                "no sequence has a response with {gamma} tokens after an anchor (γ too long for this data)"
-            ),
+            detail: format!("no sequence has a response with {gamma} tokens after an anchor (γ too long for this data)"),
         });
     }
+    let picks: Vec<usize> = (0..a).map(|_| rng.below(total as u64) as usize).collect();
+    batch_at(shard, &picks, gamma, max_ctx)
+}
+
+/// The batch of the shard's anchors numbered `picks` (0..`anchors_in`, counted sequence by
+/// sequence), for a deterministic pass over every anchor.
+pub fn batch_at(shard: &Shard, picks: &[usize], gamma: usize, max_ctx: usize) -> Result<TrainBatch> {
     let h = shard.meta.target.hidden_size as i32;
-    let width = shard.rows.dim(1).unwrap_or(0);
+    let width = (shard.meta.tap_layers.len() * shard.meta.target.hidden_size) as i32;
+    let a = picks.len();
     let (mut ctx_idx, mut ctx_mask, mut anchors, mut block, mut tgt_idx) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..a {
-        // The k-th anchor over all sequences, so long sequences are drawn in proportion.
-        let mut k = rng.below(total as u64) as usize;
+    for &pick in picks {
+        // The pick-th anchor over all sequences, so long sequences count in proportion.
+        let mut k = pick;
         let &(start, len, resp) = shard
             .seqs
             .iter()
@@ -54,7 +60,7 @@ pub fn sample_batch(shard: &Shard, a: usize, gamma: usize, max_ctx: usize, rng: 
                     false
                 }
             })
-            .ok_or_else(|| Error::Mismatch { what: "sampler", detail: "anchor index past the shard".into() })?;
+            .ok_or_else(|| Error::Mismatch { what: "sampler", detail: format!("anchor {pick} is past the shard") })?;
         let t = anchor_range(len, resp, gamma).start + k; // local anchor position
         let g = start + t;
         let n_ctx = t.min(max_ctx);

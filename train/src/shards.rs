@@ -66,6 +66,32 @@ pub struct Shard {
     pub seqs: Vec<(usize, usize, usize)>,
 }
 
+impl Shard {
+    /// An in-memory shard of `seqs` (for evaluating on sequences that are never written).
+    pub fn from_sequences(target: &TargetId, taps: &[usize], seqs: &[Sequence]) -> Result<Shard> {
+        let rows = mlx_core::concatenate(&seqs.iter().map(|s| &s.rows).collect::<Vec<_>>(), 0)?;
+        let ids: Vec<u32> = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
+        let mut at = 0;
+        let spans = seqs
+            .iter()
+            .map(|s| {
+                let span = (at, s.ids.len(), s.resp_start);
+                at += s.ids.len();
+                span
+            })
+            .collect();
+        let meta = ShardMeta {
+            format: SHARD_FORMAT.into(),
+            version: SHARD_VERSION,
+            target: target.clone(),
+            tap_layers: taps.to_vec(),
+            n_seq: seqs.len(),
+            n_tokens: ids.len(),
+        };
+        Ok(Shard { path: PathBuf::from("<in memory>"), meta, rows, ids, seqs: spans })
+    }
+}
+
 /// Writes `seqs` as shard `index` under `data_dir` (atomically).
 pub fn write_shard(
     data_dir: &Path,
