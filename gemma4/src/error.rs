@@ -21,12 +21,21 @@ pub enum Error {
     MissingWeight { dir: PathBuf, name: String },
     #[error("{}: tensor {name:?} has shape {got:?}, expected {expected:?}", dir.display())]
     WeightShape { dir: PathBuf, name: String, expected: Vec<i32>, got: Vec<i32> },
+    /// `dir` is the shard file when known.
     #[error("{}: tensor {name:?} has dtype {got}, expected {expected}", dir.display())]
     WeightDtype { dir: PathBuf, name: String, expected: String, got: String },
     #[error("{}: {count} tensors are not used by the model (first: {first:?}); the checkpoint does not match its config", dir.display())]
     UnusedWeights { dir: PathBuf, count: usize, first: Vec<String> },
     #[error("{}: quantized tensor {name:?}: {detail}", dir.display())]
     Quantization { dir: PathBuf, name: String, detail: String },
+    /// A bad `model.safetensors.index.json` entry (`entry` is the tensor name, or the key).
+    #[error("{}: weight_map entry {entry:?}: {detail}", path.display())]
+    Index { path: PathBuf, entry: String, detail: String },
+    /// A bad tensor record in a safetensors header.
+    #[error("{}: tensor {tensor:?}: {detail}", path.display())]
+    Shard { path: PathBuf, tensor: String, detail: String },
+    #[error("{}: this is a drafter checkpoint, not a target ({reason})", dir.display())]
+    NotATarget { dir: PathBuf, reason: String },
     #[error("{feature} is not implemented: {detail}")]
     Unsupported { feature: &'static str, detail: String },
     #[error("{}: {source}", path.display())]

@@ -1,4 +1,4 @@
-//! Plain decoding with mlx-lm's `generate_step` call pattern (gemma4.md §6.1): prefill all but
+//! Plain decoding with mlx-lm's `generate_step` call pattern: prefill all but
 //! the last prompt token in chunks, run the last token alone, then one token per step; the next
 //! step is scheduled before the current token is read back, so the host never idles the device.
 
@@ -138,7 +138,10 @@ pub struct Decoder<'m> {
 
 impl<'m> Decoder<'m> {
     /// Prefills `prompt` and schedules the first token; at most `max_tokens` will be produced.
+    /// Refused up front when the prompt plus `max_tokens` would pass the model's
+    /// `max_position_embeddings`.
     pub fn new(model: &'m Model, prompt: &[u32], cfg: &GenerateConfig) -> Result<Decoder<'m>> {
+        check_positions(model, prompt.len(), cfg.max_tokens)?;
         cfg.sampler.validate(model.config().vocab_size)?;
         let mut sampler = Sampler::new(cfg.sampler.clone(), cfg.seed)?;
         let mut cache = model.new_cache();
@@ -172,6 +175,22 @@ impl<'m> Decoder<'m> {
     pub fn cache(&self) -> &Cache {
         &self.cache
     }
+}
+
+/// Refuses a generation whose prompt plus `max_tokens` exceeds the positions the model was
+/// trained for: past them RoPE angles were never seen, and the output silently degrades.
+pub fn check_positions(model: &Model, prompt_tokens: usize, max_tokens: usize) -> Result<()> {
+    let limit = model.config().max_position_embeddings;
+    let total = prompt_tokens.saturating_add(max_tokens);
+    if total > limit {
+        return Err(Error::Input {
+            op: "generate",
+            detail: format!(
+                "the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) is {total} positions, more than the model's max_position_embeddings ({limit})"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Generates from `prompt`, calling `on_token` with each token as soon as it is known.

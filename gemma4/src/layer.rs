@@ -1,7 +1,7 @@
-//! One decoder layer (gemma4.md §3.4): attention and FFN sandwiches of RMSNorms, optional MoE
+//! One decoder layer: attention and FFN sandwiches of RMSNorms, optional MoE
 //! branch, optional per-layer-embedding gate, then `h · layer_scalar`.
 
-use mlx_core::{fast, gelu_approx, Array};
+use mlx_core::{concatenate, fast, gelu_approx, Array};
 
 use crate::attention::{Attend, Attention, SharedKv};
 use crate::cache::LayerCache;
@@ -92,6 +92,24 @@ impl DecoderLayer {
         Ok(fast::rms_norm(x, Some(w), self.eps)?)
     }
 
+    /// The expert branch before its post-norm // h `[B, L, H]` -> `[B, L, H]`
+    fn moe(&self, m: &Moe, h: &Array) -> Result<Array> {
+        let (idx, w) = m.router.forward(h)?; // the router reads the un-normed residual
+        m.experts.forward(&self.norm(h, &m.pre_feedforward_layernorm_2)?, &idx, &w)
+    }
+
+    /// [`Self::moe`] one position at a time, for stepwise forwards: the expert kernels pick
+    /// their path by the number of (token, expert) pairs (sorted at >= 64), so a batch of rows
+    /// could round differently from the one-token decode step each row must reproduce.
+    fn moe_by_row(&self, m: &Moe, h: &Array) -> Result<Array> {
+        let l = h.dim(1).unwrap_or(1);
+        if l == 1 {
+            return self.moe(m, h);
+        }
+        let rows = (0..l).map(|i| self.moe(m, &h.slice_axis(1, i, i + 1)?)).collect::<Result<Vec<_>>>()?;
+        Ok(concatenate(&rows, 1)?)
+    }
+
     /// x `[B, L, H]` -> (`[B, L, H]`, K/V for sharers)
     pub fn forward(
         &self,
@@ -101,14 +119,17 @@ impl DecoderLayer {
         per_layer_input: Option<&Array>,
         shared: Option<&SharedKv>,
     ) -> Result<(Array, SharedKv)> {
+        let stepwise = matches!(attend, Attend::Stepwise);
         let (a, kv) = self.self_attn.forward(&self.norm(x, &self.input_layernorm)?, attend, cache, shared)?;
         let h = x.add(&self.norm(&a, &self.post_attention_layernorm)?)?;
         let f = match &self.moe {
             Some(m) => {
                 let h1 = self.mlp.forward(&self.norm(&h, &self.pre_feedforward_layernorm)?)?;
                 let h1 = self.norm(&h1, &m.post_feedforward_layernorm_1)?;
-                let (idx, w) = m.router.forward(&h)?; // the router reads the un-normed residual
-                let h2 = m.experts.forward(&self.norm(&h, &m.pre_feedforward_layernorm_2)?, &idx, &w)?;
+                let h2 = match stepwise {
+                    true => self.moe_by_row(m, &h)?,
+                    false => self.moe(m, &h)?,
+                };
                 let h2 = self.norm(&h2, &m.post_feedforward_layernorm_2)?;
                 h1.add(&h2)?
             }

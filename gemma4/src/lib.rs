@@ -1,4 +1,4 @@
-//! The Gemma-4 text model on MLX, at bit parity with mlx-lm 0.32.2 (see docs/gemma4.md):
+//! The Gemma-4 text model on MLX, at bit parity with mlx-lm 0.32.2:
 //! config and checkpoint loading (HF and MLX-community layouts, bf16 and MLX-quantized), a
 //! forward with a hidden-state tap, KV caches with rollback, and plain generation.
 #![forbid(unsafe_code)]
@@ -17,6 +17,7 @@ mod model;
 mod moe;
 pub mod rope;
 pub mod sampling;
+pub mod staging;
 mod tap;
 pub mod tokenizer;
 pub mod weights;

@@ -1,4 +1,4 @@
-//! The Gemma-4 text model (mlx-lm `gemma4_text.Model`, gemma4.md §3). The forward returns the
+//! The Gemma-4 text model (mlx-lm `gemma4_text.Model`). The forward returns the
 //! post-norm hidden for **all** positions; the LM head is a separate call, and caches are passed
 //! in, so a verifier can score many positions in one forward.
 
@@ -16,7 +16,7 @@ use crate::mask::{self, AttnMask};
 use crate::tap::{TapPoint, TapSet};
 use crate::weights::WeightMap;
 
-/// Per-layer embeddings (E2B/E4B, §3.2).
+/// Per-layer embeddings (E2B/E4B).
 struct Ple {
     embed_tokens_per_layer: Embedding,
     per_layer_model_projection: Linear,
@@ -43,8 +43,9 @@ pub struct Model {
 }
 
 impl Model {
-    /// Reads `dir/config.json` and the weights.
+    /// Reads `dir/config.json` and the weights. A drafter checkpoint is refused as such.
     pub fn load(dir: &Path) -> Result<Model> {
+        refuse_drafter(dir)?;
         let cfg = TextConfig::from_dir(dir)?;
         let mut wm = WeightMap::load(dir, &cfg)?;
         let model = Model::from_weights(cfg, &mut wm)?;
@@ -259,4 +260,20 @@ impl Model {
         };
         Ok(ForwardOutput { hidden, taps })
     }
+}
+
+/// Drafters live in directories that look like targets (config.json, safetensors); say so
+/// instead of reporting whichever config field or tensor happens to differ first.
+fn refuse_drafter(dir: &Path) -> Result<()> {
+    let not_target = |reason: String| Err(Error::NotATarget { dir: dir.to_path_buf(), reason });
+    if dir.join("dspark.json").is_file() {
+        return not_target("dspark.json is present".into());
+    }
+    let config = std::fs::read_to_string(dir.join("config.json")).ok();
+    let value = config.and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let archs = value.as_ref().and_then(|v| v.get("architectures")).and_then(|a| a.as_array());
+    if let Some(arch) = archs.into_iter().flatten().filter_map(|a| a.as_str()).find(|a| *a == "Gemma4DSparkModel") {
+        return not_target(format!("config.json architectures lists {arch:?}"));
+    }
+    Ok(())
 }

@@ -1,5 +1,6 @@
-//! The MoE branch of 26B-style layers (gemma4.md §3.8): a router over the un-normed residual
-//! and SwitchGLU experts via gather_(q)mm, with mlx-lm's token sort when idx.size ≥ 64.
+//! The MoE branch of 26B-style layers: a router over the un-normed residual and SwitchGLU
+//! experts via gather_(q)mm, with mlx-lm's token sort when idx.size ≥ 64. Stepwise forwards
+//! call it one row at a time (see `DecoderLayer::moe_by_row`), so they never take the sorted path.
 
 use mlx_core::quant::{gather_mm, gather_qmm};
 use mlx_core::{fast, gelu_approx, Array};

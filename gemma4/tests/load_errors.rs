@@ -1,12 +1,15 @@
 //! Damaged checkpoints are refused with errors that name the file or tensor and say what was
 //! expected. Each test copies a freshly written tiny checkpoint (config A, bf16, one shard plus
 //! index) into its own scratch directory, damages the copy, and loads it.
-//! Everything lives under `$CARGO_TARGET_TMPDIR/load_errors-PID` and copies are removed after use.
+//! Scratch directories come from `common` and are removed after use.
+
+mod common;
 
 use std::collections::BTreeMap;
-use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+
+use common::{copy_of, root, Scratch};
 
 use gemma4::checkpoint::{quantize_checkpoint, write_hf_layout, write_random_checkpoint};
 use gemma4::config::{tiny_config_a, ConfigError};
@@ -15,54 +18,6 @@ use mlx_core::{load_safetensors, save_safetensors, Array, Dtype};
 use serde_json::Value;
 
 const SHARD: &str = "model.safetensors";
-
-/// This process's scratch root, `$CARGO_TARGET_TMPDIR/load_errors-PID`. Roots left by earlier
-/// runs whose process is gone are removed first (where `/proc` tells which processes live).
-fn root() -> &'static PathBuf {
-    static ROOT: OnceLock<PathBuf> = OnceLock::new();
-    ROOT.get_or_init(|| {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let me = std::process::id();
-        if Path::new("/proc/self").exists() {
-            for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let pid = name.strip_prefix("load_errors-").and_then(|p| p.parse::<u32>().ok());
-                if pid.is_some_and(|p| p != me && !Path::new(&format!("/proc/{p}")).exists()) {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
-        let r = base.join(format!("load_errors-{me}"));
-        std::fs::create_dir_all(&r).unwrap();
-        r
-    })
-}
-
-/// A scratch directory removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let p = root().join(name);
-        if p.exists() {
-            std::fs::remove_dir_all(&p).unwrap();
-        }
-        Scratch(p)
-    }
-}
-
-impl Deref for Scratch {
-    type Target = PathBuf;
-    fn deref(&self) -> &PathBuf {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The undamaged source checkpoint (one shard).
 fn base() -> &'static PathBuf {
@@ -78,17 +33,6 @@ fn base_q4() -> &'static PathBuf {
     DIR.get_or_init(|| quantize_checkpoint(base(), &root().join("base-q4"), 4, 64, true).unwrap())
 }
 
-/// A fresh copy of `src` at scratch `name`.
-fn copy_of(src: &Path, name: &str) -> Scratch {
-    let dst = Scratch::new(name);
-    std::fs::create_dir_all(&*dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
-    }
-    dst
-}
-
 /// Rewrites one shard after `edit` changed its tensors (metadata kept).
 fn edit_shard(dir: &Path, shard: &str, edit: impl FnOnce(&mut BTreeMap<String, Array>)) {
     let path = dir.join(shard);
@@ -96,6 +40,30 @@ fn edit_shard(dir: &Path, shard: &str, edit: impl FnOnce(&mut BTreeMap<String, A
     edit(&mut file.tensors);
     let items: Vec<(&str, &Array)> = file.tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     save_safetensors(&path, items, &file.metadata).unwrap();
+}
+
+/// Rewrites `model.safetensors.index.json`'s weight map with `edit`.
+fn edit_index(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let index = dir.join("model.safetensors.index.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
+    edit(v["weight_map"].as_object_mut().unwrap());
+    std::fs::write(&index, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+/// Rewrites a shard's safetensors header with `edit` (the data bytes stay as they are).
+fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let b = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+    edit(header.as_object_mut().unwrap());
+    let mut text = serde_json::to_vec(&header).unwrap();
+    while !text.len().is_multiple_of(8) {
+        text.push(b' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text);
+    out.extend(&b[8 + n..]);
+    std::fs::write(path, out).unwrap();
 }
 
 fn load_err(dir: &Path) -> Error {
@@ -130,6 +98,9 @@ fn missing_tensor_is_named() {
         let dir = copy_of(base(), &format!("missing-{i}"));
         edit_shard(&dir, SHARD, |t| {
             assert!(t.remove(&format!("model.{name}")).is_some(), "fixture lacks {name}");
+        });
+        edit_index(&dir, |m| {
+            m.remove(&format!("model.{name}"));
         });
         let e = load_err(&dir);
         assert!(matches!(&e, Error::MissingWeight { name: n, .. } if n == name), "{e:?}");
@@ -249,7 +220,13 @@ fn corrupt_safetensors_names_the_file() {
     ];
     for (name, damage) in cases {
         let (path, e) = corrupt(&format!("corrupt-{name}"), damage);
-        assert!(matches!(&e, Error::Mlx(mlx_core::Error::Safetensors { path: p, .. }) if p == &path), "{name}: {e:?}");
+        // Truncation is caught by the header check (data_offsets past the end), the rest by MLX.
+        let named = match &e {
+            Error::Mlx(mlx_core::Error::Safetensors { path: p, .. }) => p == &path,
+            Error::Shard { path: p, .. } => p == &path && name == "truncated",
+            _ => false,
+        };
+        assert!(named, "{name}: {e:?}");
         assert_mentions(&e, &[&path.display().to_string()]);
     }
 }
@@ -445,4 +422,118 @@ fn writing_into_a_non_empty_dir_is_refused_cleanly() {
     assert!(empty.join("config.json").is_file() && empty.join(SHARD).is_file());
     assert_eq!(listing(&parent), vec!["ckpt".to_string(), "empty".to_string()]);
     assert!(listing(&empty).iter().all(|f| !f.contains(".tmp-")), "{:?}", listing(&empty));
+}
+
+#[test]
+fn tensors_of_the_wrong_element_type_are_named() {
+    // Element types no Gemma-4 tensor may have are refused from the header, naming file and tensor.
+    let key = "model.layers.2.self_attn.q_proj.weight";
+    for dtype in [Dtype::I8, Dtype::I16, Dtype::Bool, Dtype::C64] {
+        let dir = copy_of(base(), &format!("dtype-{dtype}"));
+        edit_shard(&dir, SHARD, |t| {
+            let a = t[key].astype(dtype).unwrap();
+            t.insert(key.into(), a);
+        });
+        let e = load_err(&dir);
+        assert!(matches!(&e, Error::Shard { tensor, .. } if tensor == key), "{dtype}: {e:?}");
+        assert_mentions(&e, &[&dir.join(SHARD).display().to_string(), key, "expected F32, F16 or BF16"]);
+    }
+    // fp8, which MLX cannot even name: the header says so.
+    let dir = copy_of(base(), "dtype-fp8");
+    edit_header(&dir.join(SHARD), |h| {
+        h[key]["dtype"] = Value::String("F8_E4M3".into());
+    });
+    let e = load_err(&dir);
+    assert_mentions(&e, &[&dir.join(SHARD).display().to_string(), key, "dtype F8_E4M3", "expected"]);
+    // uint32 is allowed in a file (packed weights), but not for a norm: the model says which.
+    let dir = copy_of(base(), "dtype-u32-norm");
+    edit_shard(&dir, SHARD, |t| {
+        let a = t["model.norm.weight"].astype(Dtype::U32).unwrap();
+        t.insert("model.norm.weight".into(), a);
+    });
+    let e = load_err(&dir);
+    assert!(matches!(&e, Error::WeightDtype { name, .. } if name == "norm.weight"), "{e:?}");
+    assert_mentions(&e, &[&dir.join(SHARD).display().to_string(), "norm.weight", "uint32", "float"]);
+}
+
+#[test]
+fn quantized_scales_of_the_wrong_dtype_are_named() {
+    let dir = copy_of(base_q4(), "qscales-dtype");
+    let key = "model.layers.0.mlp.up_proj.scales";
+    edit_shard(&dir, SHARD, |t| {
+        let a = t[key].astype(Dtype::U32).unwrap();
+        t.insert(key.into(), a);
+    });
+    let e = load_err(&dir);
+    assert!(matches!(&e, Error::WeightDtype { name, .. } if name == "layers.0.mlp.up_proj.scales"), "{e:?}");
+    assert_mentions(&e, &["layers.0.mlp.up_proj.scales", "uint32", "float", SHARD]);
+}
+
+#[test]
+fn missing_scales_are_named_as_missing() {
+    let dir = copy_of(base_q4(), "qscales-missing");
+    let key = "model.layers.0.self_attn.q_proj.scales";
+    edit_shard(&dir, SHARD, |t| {
+        assert!(t.remove(key).is_some());
+    });
+    edit_index(&dir, |m| {
+        m.remove(key);
+    });
+    let e = load_err(&dir);
+    assert!(matches!(&e, Error::Quantization { .. }), "{e:?}");
+    assert_mentions(&e, &["\"layers.0.self_attn.q_proj.scales\" is missing from the checkpoint"]);
+    assert!(!e.to_string().contains("do not fit"), "{e}");
+}
+
+#[test]
+fn index_entries_outside_the_checkpoint_are_refused() {
+    for (i, shard) in ["../model.safetensors", "/tmp/model.safetensors", "sub/model.safetensors", "weights.bin"]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = copy_of(base(), &format!("index-outside-{i}"));
+        edit_index(&dir, |m| {
+            m.insert("model.norm.weight".into(), Value::String(shard.into()));
+        });
+        let e = load_err(&dir);
+        assert!(matches!(&e, Error::Index { entry, .. } if entry == "model.norm.weight"), "{shard}: {e:?}");
+        assert_mentions(&e, &["model.safetensors.index.json", "model.norm.weight", shard]);
+    }
+}
+
+#[test]
+fn index_entry_naming_an_absent_tensor_is_refused() {
+    let dir = copy_of(base(), "index-absent");
+    edit_index(&dir, |m| {
+        m.insert("model.layers.0.ghost.weight".into(), Value::String(SHARD.into()));
+    });
+    let e = load_err(&dir);
+    assert!(matches!(&e, Error::Index { entry, .. } if entry == "model.layers.0.ghost.weight"), "{e:?}");
+    assert_mentions(&e, &["model.safetensors.index.json", "model.layers.0.ghost.weight", SHARD, "does not contain"]);
+}
+
+#[test]
+fn overlapping_tensor_data_is_refused() {
+    let dir = copy_of(base(), "overlap");
+    let (a, b) = ("model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight");
+    edit_header(&dir.join(SHARD), |h| {
+        let offsets = h[a]["data_offsets"].clone();
+        h[b]["data_offsets"] = offsets;
+    });
+    let e = load_err(&dir);
+    assert!(matches!(&e, Error::Shard { .. }), "{e:?}");
+    assert_mentions(&e, &[&dir.join(SHARD).display().to_string(), a, b, "overlap"]);
+}
+
+#[test]
+fn drafter_checkpoints_are_named_as_such() {
+    let dir = copy_of(base(), "drafter-dspark-json");
+    std::fs::write(dir.join("dspark.json"), "{}").unwrap();
+    let e = load_err(&dir);
+    assert_mentions(&e, &[&dir_str(&dir), "this is a drafter checkpoint, not a target", "dspark.json"]);
+    let (_, e) = bad_config("drafter-arch", |c| {
+        c.insert("architectures".into(), serde_json::json!(["Gemma4DSparkModel"]));
+        c.insert("model_type".into(), Value::String("gemma4_dspark".into()));
+    });
+    assert_mentions(&e, &["this is a drafter checkpoint, not a target", "Gemma4DSparkModel"]);
 }

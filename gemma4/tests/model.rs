@@ -152,3 +152,21 @@ fn batched_verify_is_not_one_by_one_past_the_window() {
         "batched verification matched one-by-one decoding on every row: the stepwise test has no teeth here"
     );
 }
+
+#[test]
+fn generation_past_max_position_embeddings_is_refused() {
+    let m = Model::load(common::tiny_a()).unwrap(); // max_position_embeddings 4096
+    let cfg = GenerateConfig { max_tokens: 5000, ..Default::default() };
+    let e = generate(&m, &prompt(10), &cfg, |_| {}).unwrap_err().to_string();
+    assert!(e.contains("max_position_embeddings (4096)") && e.contains("5010 positions"), "{e}");
+    let cfg = GenerateConfig { max_tokens: 4086, ..Default::default() };
+    assert!(gemma4::generate::Decoder::new(&m, &prompt(10), &cfg).is_ok());
+}
+
+#[test]
+fn stepwise_moe_top8_rows_are_one_token_decode_steps() {
+    // 8 rows × top-8 experts = 64 (token, expert) pairs: where a batched expert call would sort.
+    let m = Model::load(common::tiny_moe_top8()).unwrap();
+    assert_eq!(m.config().top_k_experts, Some(8));
+    check_stepwise_rounds(&m, 10, &[(8, 3), (8, 8), (8, 1), (7, 7)]);
+}

@@ -1,4 +1,5 @@
-//! Property tests of the KV caches against a plain `Vec` reference (gemma4.md §5.2, §5.3, §5.6).
+//! Property tests of the KV caches against a plain `Vec` reference, and of rollback through a
+//! real model at bit equality.
 //!
 //! Every written row carries its identity: K[.., 0] = absolute position, K[.., 1] = a stamp
 //! unique to that write, V = (position + 0.5, stamp). The reference is the `Vec<Tok>` of
@@ -19,10 +20,14 @@
 //!   (n ≤ the rows of the last multi-token write − 1, minus what was already rolled back)
 //!   allows it; a refused trim returns the right `CacheError` and changes nothing.
 
+mod common;
+
 use std::collections::BTreeSet;
 
 use gemma4::cache::{KvCache, RotatingKvCache};
+use gemma4::generate::ids_array;
 use gemma4::mask::{full_mask, sliding_mask, AttnMask};
+use gemma4::Model;
 use gemma4::{CacheError, Error, LayerCache};
 use mlx_core::Array;
 use proptest::prelude::*;
@@ -475,6 +480,62 @@ proptest! {
             prop_assert_eq!(spec.offset(), len);
         }
     }
+}
+
+/// The tiny config A model (its checkpoint is written once per test binary).
+fn model_a() -> Model {
+    Model::load(common::tiny_a()).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Verify rounds through the model: a window of the pending token plus d drafts scored by
+    /// `forward_stepwise`, a accepted, the rest rolled back. A twin that decoded only the kept
+    /// tokens one at a time must then give the next token bit-identical logits: the rows that
+    /// rollback leaves are exactly those decoding would have written (config A has sliding
+    /// window 8, so the rounds wrap the rings).
+    #[test]
+    fn rollback_through_the_model_is_bit_identical_to_never_writing(
+        rounds in prop::collection::vec((1usize..=7, 0usize..=7, 0u32..500), 1..10),
+        plen in 1usize..=12,
+    ) {
+        let m = &model_a();
+        let p: Vec<u32> = (0..plen as u32).map(|i| 3 + (i * 37) % 500).collect();
+        let (mut spec, mut twin) = (m.new_cache(), m.new_cache());
+        m.forward(&ids_array(&p).unwrap(), Some(&mut spec)).unwrap();
+        m.forward(&ids_array(&p).unwrap(), Some(&mut twin)).unwrap();
+        let bytes = |a: Array| a.to_bytes().unwrap();
+        for (d, a, salt) in rounds {
+            let a = a.min(d);
+            let window: Vec<u32> = (0..=d as u32).map(|i| 4 + (salt + i * 29) % 500).collect();
+            m.forward_stepwise(&ids_array(&window).unwrap(), &mut spec, None).unwrap();
+            spec.trim(d - a).unwrap();
+            for &t in &window[..=a] {
+                m.forward(&ids_array(&[t]).unwrap(), Some(&mut twin)).unwrap();
+            }
+            prop_assert_eq!(spec.offset(), twin.offset());
+            let probe = ids_array(&[7]).unwrap();
+            let ls = bytes(m.logits(&probe, Some(&mut spec.clone())).unwrap());
+            let lt = bytes(m.logits(&probe, Some(&mut twin.clone())).unwrap());
+            prop_assert!(ls == lt, "rolled-back vs twin logits differ at offset {}", spec.offset());
+        }
+    }
+}
+
+#[test]
+fn a_kept_rejected_token_breaks_bit_equality() {
+    // The property above has teeth: one stale row changes the next token's logits.
+    let m = &model_a();
+    let mut good = m.new_cache();
+    m.forward(&ids_array(&[3, 40, 77, 114, 151, 188]).unwrap(), Some(&mut good)).unwrap();
+    let mut bad = good.clone();
+    m.forward_stepwise(&ids_array(&[200, 100]).unwrap(), &mut bad, None).unwrap();
+    m.forward(&ids_array(&[200]).unwrap(), Some(&mut good)).unwrap();
+    let probe = ids_array(&[7]).unwrap();
+    let a = m.logits(&probe, Some(&mut good)).unwrap().to_bytes().unwrap();
+    let b = m.logits(&probe, Some(&mut bad)).unwrap().to_bytes().unwrap();
+    assert_ne!(a, b);
 }
 
 // Hand-written cases pinning the scenarios the properties are about (and the ones a random

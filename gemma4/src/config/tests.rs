@@ -1,5 +1,7 @@
+use super::fixtures::{tiny_config_a_json, tiny_config_b_json};
 use super::*;
 use serde_json::{json, Value};
+use std::path::PathBuf;
 
 use LayerKind::{Full, Sliding};
 
@@ -43,7 +45,7 @@ fn kinds_for(n: usize, pattern: usize) -> Vec<&'static str> {
     (0..n).map(|i| if i % pattern == pattern - 1 { "full_attention" } else { "sliding_attention" }).collect()
 }
 
-/// §2.3 E2B values, written out explicitly.
+/// E2B values, written out explicitly.
 fn e2b_json() -> Value {
     json!({
         "model_type": "gemma4_text", "hidden_size": 1536, "num_hidden_layers": 35,
@@ -72,7 +74,7 @@ fn e4b_json() -> Value {
     )
 }
 
-/// §2.3 12B (gemma4_unified, nested, k_eq_v).
+/// 12B (gemma4_unified, nested, k_eq_v).
 fn b12_json() -> Value {
     let text = with(
         &e2b_json(),
@@ -462,4 +464,75 @@ fn tiny_dense_config_has_the_asked_dims_and_no_extras() {
     assert_eq!(c.layers.iter().map(|l| l.kind).collect::<Vec<_>>(), vec![Sliding, Sliding, Full]);
     assert!(!c.has_ple() && !c.enable_moe_block && c.num_caches() == 3, "no PLE, MoE or KV sharing");
     assert!(tiny_dense_config(0, 16, 2).unwrap_err().to_string().contains("hidden_size"));
+}
+
+#[test]
+fn integers_that_become_shapes_must_fit_i32() {
+    // 2^32 + 128 used to narrow to 128 and load.
+    let huge = (1u64 << 32) + 128;
+    for field in ["hidden_size", "intermediate_size", "head_dim", "vocab_size", "num_attention_heads"] {
+        let msg = err_text(&with(&tiny_config_a_json(), json!({ field: huge })));
+        assert!(msg.starts_with(&format!("{field}: expected at most 2147483647")), "{field}: {msg}");
+        assert!(msg.contains(&huge.to_string()), "{msg}");
+    }
+    // Products that are tensor dims: heads × head_dim, layers × PLE width, vocab × hidden.
+    let heads = with(
+        &tiny_config_a_json(),
+        json!({"num_attention_heads": 1 << 20, "num_key_value_heads": 1 << 20, "head_dim": 4096}),
+    );
+    let msg = err_text(&heads);
+    assert!(msg.starts_with("num_attention_heads × head_dim: expected a product of at most 2147483647"), "{msg}");
+    let ple = with(&tiny_config_a_json(), json!({"hidden_size_per_layer_input": 1 << 30}));
+    assert!(err_text(&ple).starts_with("num_hidden_layers × hidden_size_per_layer_input: "), "{}", err_text(&ple));
+    let vh = with(
+        &tiny_config_a_json(),
+        json!({"vocab_size": 1 << 24, "vocab_size_per_layer_input": 1 << 24, "hidden_size": 1024}),
+    );
+    assert!(err_text(&vh).starts_with("vocab_size × hidden_size: "), "{}", err_text(&vh));
+    let wide = with(&tiny_config_a_json(), json!({"intermediate_size": 1u64 << 30}));
+    assert!(err_text(&wide).starts_with("intermediate_size × 2 (use_double_wide_mlp): "), "{}", err_text(&wide));
+    let pos = with(&tiny_config_a_json(), json!({"max_position_embeddings": 1u64 << 40}));
+    assert!(err_text(&pos).starts_with("max_position_embeddings: expected at most"), "{}", err_text(&pos));
+}
+
+#[test]
+fn stop_ids_must_be_present_and_in_the_vocabulary() {
+    for (eos, got) in [(json!(512), "[512]"), (json!([1, 9999]), "id 9999"), (json!([]), "none"), (Value::Null, "none")]
+    {
+        let mut v = tiny_config_a_json();
+        v["eos_token_id"] = eos.clone();
+        let msg = err_text(&v);
+        assert!(msg.starts_with("eos_token_id: expected one or more token ids below vocab_size (512)"), "{eos}: {msg}");
+        assert!(msg.contains(got), "{eos}: {msg}");
+    }
+    // Nested, with no top-level list: text_config's is used, and named.
+    let mut v = nested(&with(&tiny_config_a_json(), json!({"eos_token_id": 700})));
+    v.as_object_mut().unwrap().remove("eos_token_id");
+    assert!(err_text(&v).starts_with("text_config.eos_token_id: expected"), "{}", err_text(&v));
+}
+
+#[test]
+fn generation_config_stop_ids_are_checked_and_name_the_file() {
+    let dir = TempDir::new("gen-eos");
+    std::fs::write(dir.0.join("config.json"), tiny_config_a_json().to_string()).unwrap();
+    let path = dir.0.join("generation_config.json");
+    for (text, got) in [
+        (r#"{"eos_token_id": 600}"#, "600"),
+        (r#"{"eos_token_id": []}"#, "none"),
+        (r#"{"eos_token_id": null}"#, "none"),
+        (r#"{"eos_token_id": false}"#, "false"),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let msg = TextConfig::from_dir(&dir.0).unwrap_err().to_string();
+        assert!(msg.starts_with(&format!("{}: eos_token_id: expected", path.display())), "{text}: {msg}");
+        assert!(msg.contains(got), "{text}: {msg}");
+    }
+}
+
+#[test]
+fn a_config_that_is_not_an_object_says_so() {
+    for (text, got) in [("[1, 2]", "an array"), ("\"x\"", "a string"), ("7", "a number")] {
+        let msg = TextConfig::from_json_str(text).unwrap_err().to_string();
+        assert_eq!(msg, format!("config: expected a JSON object, got {got}"));
+    }
 }

@@ -1,10 +1,13 @@
-//! Checkpoint tensors: shard discovery, mlx-lm's sanitize rules (gemma4.md §4.3) and a
-//! `WeightMap` that hands tensors to the model by name, checks shapes, and refuses leftovers
-//! (mlx-lm loads with `strict=True`).
+//! Checkpoint tensors: shard discovery and header checks ([`files`]), mlx-lm's sanitize rules
+//! ([`sanitize`]) and a `WeightMap` that hands tensors to the model by name, checks shapes and
+//! element types, and refuses leftovers (mlx-lm loads with `strict=True`).
 //!
 //! Names are normalised to the text model's own paths (`layers.0.self_attn.q_proj.weight`,
 //! `embed_tokens.weight`, `lm_head.weight`); `module_prefix` keeps the checkpoint's prefix
 //! (`model.` or `language_model.model.`) because quantization overrides are keyed by full path.
+
+mod files;
+mod sanitize;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,143 +15,15 @@ use std::path::{Path, PathBuf};
 use mlx_core::quant::Quantized;
 use mlx_core::{Array, Dtype};
 
-use crate::config::{Layout, QuantizationConfig, TextConfig};
+use crate::config::{QuantizationConfig, TextConfig};
 use crate::error::{Error, Result};
 
-const DROPPED_PREFIXES: [&str; 6] =
-    ["vision_tower", "multi_modal_projector", "audio_tower", "embed_audio", "embed_vision", "vision_embedder"];
-const DROPPED_PARTS: [&str; 5] = ["self_attn.rotary_emb", "input_max", "input_min", "output_max", "output_min"];
+pub use files::{check_header, load_raw, load_raw_files, read_index, shard_paths, INDEX};
+pub use sanitize::sanitize;
 
-/// The `model*.safetensors` shards of a checkpoint directory, in name order. When
-/// `model.safetensors.index.json` exists, every shard it names must be present.
-pub fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
-    let mut shards: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            let n = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            n.starts_with("model") && n.ends_with(".safetensors")
-        })
-        .collect();
-    shards.sort();
-    let index = dir.join("model.safetensors.index.json");
-    if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|source| Error::Io { path: index.clone(), source })?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|source| Error::Json { path: index.clone(), source })?;
-        let listed: BTreeSet<String> = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .map(|m| m.values().filter_map(|s| s.as_str().map(String::from)).collect())
-            .unwrap_or_default();
-        for shard in listed {
-            if !dir.join(&shard).is_file() {
-                return Err(Error::MissingShard { dir: dir.to_path_buf(), shard });
-            }
-        }
-    }
-    if shards.is_empty() {
-        return Err(Error::NoWeights { dir: dir.to_path_buf() });
-    }
-    Ok(shards)
-}
-
-/// Loads every shard (lazily: MLX reads data at first evaluation).
-pub fn load_raw(dir: &Path) -> Result<BTreeMap<String, Array>> {
-    let mut all: BTreeMap<String, Array> = BTreeMap::new();
-    let mut origin: BTreeMap<String, String> = BTreeMap::new();
-    for shard in shard_paths(dir)? {
-        let name = shard.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-        let file = mlx_core::load_safetensors(&shard)?;
-        for (k, v) in file.tensors {
-            if let Some(first) = origin.get(&k) {
-                return Err(Error::DuplicateTensor {
-                    dir: dir.to_path_buf(),
-                    name: k,
-                    first: first.clone(),
-                    second: name,
-                });
-            }
-            origin.insert(k.clone(), name.clone());
-            all.insert(k, v);
-        }
-    }
-    Ok(all)
-}
-
-/// Applies mlx-lm's wrapper and text sanitize rules, returning text-model-relative names and
-/// the module prefix the checkpoint's quantization block uses.
-pub fn sanitize(raw: BTreeMap<String, Array>, cfg: &TextConfig) -> Result<(BTreeMap<String, Array>, &'static str)> {
-    let mut out = BTreeMap::new();
-    let prefix = match cfg.layout {
-        Layout::Flat => "model.",
-        Layout::Nested => "language_model.model.",
-    };
-    for (key, value) in raw {
-        // Wrapper rules (nested layout): strip `model.`, drop multimodal towers, and map
-        // `language_model.` to `language_model.model.`; mlx-community keys are already there.
-        let key = match cfg.layout {
-            Layout::Nested => {
-                let (stripped, had_model) = match key.strip_prefix("model.") {
-                    Some(s) => (s.to_string(), true),
-                    None => (key.clone(), false),
-                };
-                if DROPPED_PREFIXES.iter().any(|p| stripped.starts_with(p)) {
-                    continue;
-                }
-                let full = if had_model {
-                    match stripped.strip_prefix("language_model.") {
-                        Some(rest) => format!("language_model.model.{rest}"),
-                        None => stripped,
-                    }
-                } else {
-                    stripped
-                };
-                if let Some(rest) = full.strip_prefix("language_model.model.") {
-                    rest.to_string()
-                } else if let Some(rest) = full.strip_prefix("language_model.") {
-                    rest.to_string() // language_model.lm_head.*
-                } else {
-                    full
-                }
-            }
-            Layout::Flat => match key.strip_prefix("model.") {
-                Some(rest) => rest.to_string(),
-                None => key.clone(),
-            },
-        };
-        if DROPPED_PARTS.iter().any(|p| key.contains(p)) {
-            continue;
-        }
-        if [".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm"].iter().any(|p| key.contains(p)) {
-            if let Some(layer) = layer_index(&key) {
-                if layer >= cfg.first_kv_shared {
-                    continue;
-                }
-            }
-        }
-        if let Some(base) = key.strip_suffix(".experts.gate_up_proj") {
-            // [E, 2I, H] → gate = first half, up = second half along axis -2.
-            let two_i = value.dim(-2).unwrap_or(0);
-            let gate = value.slice_axis(-2, 0, two_i / 2)?.contiguous()?;
-            let up = value.slice_axis(-2, two_i / 2, two_i)?.contiguous()?;
-            out.insert(format!("{base}.experts.switch_glu.gate_proj.weight"), gate);
-            out.insert(format!("{base}.experts.switch_glu.up_proj.weight"), up);
-            continue;
-        }
-        if let Some(base) = key.strip_suffix(".experts.down_proj") {
-            out.insert(format!("{base}.experts.switch_glu.down_proj.weight"), value);
-            continue;
-        }
-        out.insert(key, value);
-    }
-    Ok((out, prefix))
-}
-
-fn layer_index(key: &str) -> Option<usize> {
-    let rest = key.split("layers.").nth(1)?;
-    rest.split('.').next()?.parse().ok()
+/// Float element types: what dense weights, norms, scalars and quantization scales/biases hold.
+fn is_float(d: Dtype) -> bool {
+    matches!(d, Dtype::F32 | Dtype::F16 | Dtype::Bf16)
 }
 
 /// A linear layer's weights: dense `[out, in]` or MLX-affine quantized.
@@ -186,6 +61,8 @@ pub struct WeightMap {
     dir: PathBuf,
     tensors: BTreeMap<String, Array>,
     taken: BTreeSet<String>,
+    /// Tensor name → the shard file it came from, for error messages (empty for in-memory maps).
+    origin: BTreeMap<String, String>,
     prefix: &'static str,
     quantization: Option<QuantizationConfig>,
 }
@@ -193,8 +70,19 @@ pub struct WeightMap {
 impl WeightMap {
     /// Loads and sanitizes a checkpoint directory.
     pub fn load(dir: &Path, cfg: &TextConfig) -> Result<WeightMap> {
-        let (tensors, prefix) = sanitize(load_raw(dir)?, cfg)?;
-        Ok(WeightMap::from_tensors(dir, tensors, prefix, cfg.quantization.clone()))
+        // Sanitize file by file (its rules act per name) to remember where each tensor lives.
+        let mut tensors = BTreeMap::new();
+        let mut origin = BTreeMap::new();
+        let mut prefix = "";
+        for (file, raw) in load_raw_files(dir)? {
+            let (clean, p) = sanitize(raw, cfg)?;
+            prefix = p;
+            origin.extend(clean.keys().map(|k| (k.clone(), file.clone())));
+            tensors.extend(clean);
+        }
+        let mut wm = WeightMap::from_tensors(dir, tensors, prefix, cfg.quantization.clone());
+        wm.origin = origin;
+        Ok(wm)
     }
 
     /// Wraps already-sanitized tensors (tests, converters).
@@ -204,7 +92,14 @@ impl WeightMap {
         prefix: &'static str,
         quantization: Option<QuantizationConfig>,
     ) -> WeightMap {
-        WeightMap { dir: dir.to_path_buf(), tensors, taken: BTreeSet::new(), prefix, quantization }
+        WeightMap {
+            dir: dir.to_path_buf(),
+            tensors,
+            taken: BTreeSet::new(),
+            origin: BTreeMap::new(),
+            prefix,
+            quantization,
+        }
     }
 
     /// Whether a tensor exists.
@@ -223,9 +118,28 @@ impl WeightMap {
         }
     }
 
-    /// Takes a tensor and checks its shape.
-    pub fn get_shaped(&mut self, name: &str, expected: &[i32]) -> Result<Array> {
+    /// Where a tensor is, for error messages: `dir/shard` when known, else `dir`.
+    fn location(&self, name: &str) -> PathBuf {
+        self.origin.get(name).map_or_else(|| self.dir.clone(), |f| self.dir.join(f))
+    }
+
+    /// Takes a tensor and checks that its element type is a float one (f32, f16, bf16).
+    pub fn get_float(&mut self, name: &str) -> Result<Array> {
         let a = self.get(name)?;
+        if !is_float(a.dtype()) {
+            return Err(Error::WeightDtype {
+                dir: self.location(name),
+                name: name.to_string(),
+                expected: "a float type (float32, float16 or bfloat16)".into(),
+                got: a.dtype().to_string(),
+            });
+        }
+        Ok(a)
+    }
+
+    /// Takes a float tensor (see [`WeightMap::get_float`]) and checks its shape.
+    pub fn get_shaped(&mut self, name: &str, expected: &[i32]) -> Result<Array> {
+        let a = self.get_float(name)?;
         let got = a.shape();
         if got != expected {
             return Err(Error::WeightShape {
@@ -262,15 +176,24 @@ impl WeightMap {
         let quantized = match override_spec {
             Some(None) => false,
             Some(Some(_)) => true,
-            None => self.contains(&sname),
+            // A packed uint32 weight is quantized even when its scales are missing.
+            None => self.contains(&sname) || self.tensors.get(&wname).is_some_and(|w| w.dtype() == Dtype::U32),
         };
         if !quantized {
             return Ok(LinearWeights::Dense(self.get_shaped(&wname, &with_lead(&[out as i32, inp as i32]))?));
         }
+        let bname = format!("{module}.biases");
+        for part in [&sname, &bname] {
+            if !self.contains(part) {
+                // Named as what it is: a missing tensor, not a shape mismatch of the weight.
+                let detail = format!("the tensor {part:?} is missing from the checkpoint");
+                return Err(Error::Quantization { dir: self.dir.clone(), name: wname, detail });
+            }
+        }
         let weight = self.get(&wname)?;
-        let scales = self.get(&sname)?;
-        let biases = self.get(&format!("{module}.biases"))?;
-        let qerr = |detail: String| Error::Quantization { dir: self.dir.clone(), name: wname.clone(), detail };
+        let scales = self.get_float(&sname)?;
+        let biases = self.get_float(&bname)?;
+        let qerr = |detail: String| Error::Quantization { dir: self.location(&wname), name: wname.clone(), detail };
         if weight.dtype() != Dtype::U32 {
             return Err(qerr(format!("packed weight has dtype {}, expected uint32", weight.dtype())));
         }

@@ -1,0 +1,38 @@
+//! Writing Gemma-4 checkpoints in the real on-disk formats: random-weight models for tests and
+//! the embedded default, the MLX-community quantized layout, and the HF naming. Every write
+//! goes through [`crate::staging::StagedDir`], so an interrupted run never leaves something
+//! that looks like a checkpoint.
+
+mod hf_layout;
+mod quantize;
+mod random;
+mod shards;
+mod tokenizer;
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+pub use crate::staging::StagedDir;
+pub use hf_layout::write_hf_layout;
+pub use quantize::quantize_checkpoint;
+pub use random::{param_specs, random_weights, write_random_checkpoint, Init, ParamSpec};
+pub use shards::{write_json, write_shards, ShardWriter};
+pub use tokenizer::write_word_level_tokenizer;
+
+/// `lm_head.*` stays at the top level; everything else gets `prefix`.
+pub(crate) fn full_name(name: &str, prefix: &str) -> String {
+    if name.starts_with("lm_head.") {
+        name.to_string()
+    } else {
+        format!("{prefix}{name}")
+    }
+}
+
+pub(crate) fn read_config_json(dir: &Path) -> Result<Value> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    serde_json::from_str(&text).map_err(|source| Error::Json { path, source })
+}
