@@ -152,14 +152,14 @@ pub fn quantize_drafter(
     for (index, (name, action)) in plan.entries.iter().enumerate() {
         // Taking the tensor out of the map drops the source handle once written.
         let Some(a) = source.tensors.remove(name) else { continue };
-        let (shape, dtype, in_bytes) = (a.shape(), a.dtype(), a.nbytes() as u64);
+        let (shape, dtype, in_bytes) = (a.shape()?, a.dtype(), a.nbytes() as u64);
         let out = match action {
             Action::Quantize { module, transpose } => {
                 let w = a.astype(Dtype::Bf16)?;
                 let w = if *transpose { w.transpose(&[1, 0])?.contiguous()? } else { w };
                 let q = quantize(&w, spec)?;
                 quantized += 1;
-                q_elems += a.size() as u64;
+                q_elems += a.size()? as u64;
                 vec![
                     (format!("{module}.weight"), q.weight),
                     (format!("{module}.scales"), q.scales),

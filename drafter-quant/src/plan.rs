@@ -84,7 +84,7 @@ pub(crate) fn plan(src: &Source, path: &Path, group_size: u32) -> Result<Plan> {
     let mut dense_modules = BTreeSet::new();
     for (name, a) in &src.tensors {
         let action = match src.kind {
-            DrafterKind::DeepSpec => deepspec_action(name, a, &mut dense_modules),
+            DrafterKind::DeepSpec => deepspec_action(name, a, &mut dense_modules)?,
             DrafterKind::DSpark => dspark_action(name, a, path)?,
         };
         entries.push((name.clone(), action));
@@ -92,22 +92,21 @@ pub(crate) fn plan(src: &Source, path: &Path, group_size: u32) -> Result<Plan> {
     if src.kind == DrafterKind::DSpark {
         dense_modules.extend(src.tensors.keys().filter(|n| param_kind(n) == ParamKind::ConfidenceHead).cloned());
     }
-    let bad: Vec<(&String, &Array, i32)> = entries
-        .iter()
-        .filter_map(|(name, act)| match act {
-            Action::Quantize { transpose, .. } => {
-                let a = &src.tensors[name];
-                let axis_len = a.dim(if *transpose { 0 } else { -1 }).unwrap_or(0);
-                (axis_len % group_size as i32 != 0).then_some((name, a, axis_len))
+    let mut bad: Vec<(&String, &Array, i32)> = Vec::new();
+    for (name, act) in &entries {
+        if let Action::Quantize { transpose, .. } = act {
+            let a = &src.tensors[name];
+            let axis_len = a.dim(if *transpose { 0 } else { -1 })?;
+            if axis_len % group_size as i32 != 0 {
+                bad.push((name, a, axis_len));
             }
-            Action::Keep => None,
-        })
-        .collect();
+        }
+    }
     if let Some(&(name, a, axis_len)) = bad.first() {
         return Err(Error::NotDivisible {
             path: path.to_path_buf(),
             tensor: name.clone(),
-            shape: a.shape(),
+            shape: a.shape()?,
             axis_len,
             group_size,
             more: bad.len() - 1,
@@ -116,17 +115,17 @@ pub(crate) fn plan(src: &Source, path: &Path, group_size: u32) -> Result<Plan> {
     Ok(Plan { entries, dense_modules })
 }
 
-fn deepspec_action(name: &str, a: &Array, dense: &mut BTreeSet<String>) -> Action {
+fn deepspec_action(name: &str, a: &Array, dense: &mut BTreeSet<String>) -> Result<Action> {
     if name.starts_with(DEEPSPEC_DENSE_PREFIX) {
         if let Some((module, _)) = name.rsplit_once('.') {
             dense.insert(module.to_string());
         }
-        return Action::Keep;
+        return Ok(Action::Keep);
     }
-    match name.strip_suffix(".weight") {
-        Some(module) if a.ndim() == 2 => Action::Quantize { module: module.to_string(), transpose: false },
+    Ok(match name.strip_suffix(".weight") {
+        Some(module) if a.ndim()? == 2 => Action::Quantize { module: module.to_string(), transpose: false },
         _ => Action::Keep,
-    }
+    })
 }
 
 fn dspark_action(name: &str, a: &Array, path: &Path) -> Result<Action> {
@@ -135,8 +134,8 @@ fn dspark_action(name: &str, a: &Array, path: &Path) -> Result<Action> {
         ParamKind::GatherTable => false,
         ParamKind::ConfidenceHead | ParamKind::Other => return Ok(Action::Keep),
     };
-    if a.ndim() != 2 {
-        return Err(Error::NotMatrix { path: path.to_path_buf(), tensor: name.to_string(), shape: a.shape() });
+    if a.ndim()? != 2 {
+        return Err(Error::NotMatrix { path: path.to_path_buf(), tensor: name.to_string(), shape: a.shape()? });
     }
     Ok(Action::Quantize { module: name.to_string(), transpose })
 }

@@ -156,12 +156,12 @@ pub(crate) fn run(dir: &Path, report_as: &Path, smoke: &Smoke, warn: &mut dyn Fn
             })
         }
     };
-    check("draft tokens", p.tokens.shape(), vec![d as i32])?;
+    check("draft tokens", p.tokens.shape()?, vec![d as i32])?;
     let logits = p
         .logits
         .as_ref()
         .ok_or_else(|| Error::SmokeCheck { path: report_as.to_path_buf(), what: "no draft logits".into() })?;
-    check("draft logits", logits.shape(), vec![d as i32, v as i32])?;
+    check("draft logits", logits.shape()?, vec![d as i32, v as i32])?;
     let values = logits.to_f32_vec()?;
     if let Some(i) = values.iter().position(|x| !x.is_finite()) {
         return Err(Error::SmokeCheck {

@@ -41,10 +41,10 @@ fn check_affine_bound(
         (&out[&format!("{module}.weight")], &out[&format!("{module}.scales")], &out[&format!("{module}.biases")]);
     assert_eq!(w.dtype(), Dtype::U32, "{module}.weight is packed");
     assert_eq!((s.dtype(), b.dtype()), (Dtype::Bf16, Dtype::Bf16), "{module} scales/biases are bf16");
-    let [rows, cols] = original.shape()[..] else { panic!("{name} is not 2-D") };
-    assert_eq!(w.shape(), vec![rows, cols * spec.bits() as i32 / 32], "{module}.weight shape");
-    assert_eq!(s.shape(), vec![rows, cols / spec.group_size() as i32], "{module}.scales shape");
-    assert_eq!(b.shape(), s.shape(), "{module}.biases shape");
+    let [rows, cols] = original.shape().unwrap()[..] else { panic!("{name} is not 2-D") };
+    assert_eq!(w.shape().unwrap(), vec![rows, cols * spec.bits() as i32 / 32], "{module}.weight shape");
+    assert_eq!(s.shape().unwrap(), vec![rows, cols / spec.group_size() as i32], "{module}.scales shape");
+    assert_eq!(b.shape().unwrap(), s.shape().unwrap(), "{module}.biases shape");
     let deq = dequantize(w, s, b, spec).unwrap();
     assert_eq!(deq.dtype(), Dtype::Bf16, "{module} dequantizes to bf16");
     let f = |a: &Array| a.to_f32_vec().unwrap();
@@ -113,8 +113,9 @@ fn deepspec_round_trips() {
 
         let mut n_quant = 0;
         for (name, a) in &inp {
-            let module =
-                name.strip_suffix(".weight").filter(|_| a.ndim() == 2 && !name.starts_with("confidence_head."));
+            let module = name
+                .strip_suffix(".weight")
+                .filter(|_| a.ndim().unwrap() == 2 && !name.starts_with("confidence_head."));
             match module {
                 Some(m) => {
                     n_quant += 1;
@@ -123,7 +124,7 @@ fn deepspec_round_trips() {
                 }
                 None => {
                     let o = &out[name];
-                    assert_eq!((o.dtype(), o.shape()), (a.dtype(), a.shape()), "{name} kept as is");
+                    assert_eq!((o.dtype(), o.shape().unwrap()), (a.dtype(), a.shape().unwrap()), "{name} kept as is");
                     assert_eq!(bytes(o), bytes(a), "{name} bit-exact");
                 }
             }
@@ -154,7 +155,7 @@ fn deepspec_round_trips() {
         // The DeepSpec loader reads it back unchanged: quantized fc projects one context row.
         let d = DeepSpecDrafter::load(&dst, &tiny_config_a()).unwrap();
         let row = Array::zeros(&[1, 1, 3 * 128], Dtype::Bf16).unwrap();
-        assert_eq!(d.project_context(&row).unwrap().shape(), vec![1, 1, 128]);
+        assert_eq!(d.project_context(&row).unwrap().shape().unwrap(), vec![1, 1, 128]);
         if bits == 8 {
             let gap = first_row_gap(&src, &dst);
             assert!(gap > 0.0 && gap < 0.1, "8-bit first-row draft logits move by {gap} of their range");
@@ -193,7 +194,7 @@ fn dspark_round_trips() {
                 check_affine_bound(name, &bf16, &out, name, spec);
             } else {
                 let o = &out[name];
-                assert_eq!((o.dtype(), o.shape()), (Dtype::F32, a.shape()), "{name} kept f32");
+                assert_eq!((o.dtype(), o.shape().unwrap()), (Dtype::F32, a.shape().unwrap()), "{name} kept f32");
                 assert_eq!(bytes(o), bytes(a), "{name} bit-exact");
             }
         }

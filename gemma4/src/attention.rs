@@ -95,7 +95,7 @@ impl Attention {
         cache: Option<&mut LayerCache>,
         shared: Option<&SharedKv>,
     ) -> Result<(Array, SharedKv)> {
-        let shape = x.shape();
+        let shape = x.shape()?;
         let (b, l) = (shape[0], shape[1]);
         let q = self.q_proj.forward(x)?.reshape(&[b, l, self.n_heads, self.head_dim])?;
         let q = fast::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?; // [B, Hq, L, D]

@@ -113,7 +113,7 @@ pub fn prefill(model: &Model, cache: &mut Cache, prompt: &[u32], step: usize) ->
 /// One token through the model // token `[1, 1]` -> logits `[1, V]`
 pub fn step_logits(model: &Model, cache: &mut Cache, token: &Array) -> Result<Array> {
     let hidden = model.forward(token, Some(cache))?;
-    let l = hidden.dim(1).unwrap_or(1);
+    let l = hidden.dim(1)?;
     let last = hidden.slice_axis(1, l - 1, l)?.squeeze(1)?; // [1, H]
     model.logits_from_hidden(&last)
 }

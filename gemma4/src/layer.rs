@@ -102,7 +102,7 @@ impl DecoderLayer {
     /// their path by the number of (token, expert) pairs (sorted at >= 64), so a batch of rows
     /// could round differently from the one-token decode step each row must reproduce.
     fn moe_by_row(&self, m: &Moe, h: &Array) -> Result<Array> {
-        let l = h.dim(1).unwrap_or(1);
+        let l = h.dim(1)?;
         if l == 1 {
             return self.moe(m, h);
         }

@@ -151,7 +151,7 @@ impl Model {
         let Some(ple) = &self.ple else { return Ok(None) };
         let cfg = &self.cfg;
         let (nl, p) = (cfg.num_hidden_layers as i32, cfg.hidden_size_per_layer_input as i32);
-        let s = ids.shape();
+        let s = ids.shape()?;
         // Token-identity part: embed_per_layer(ids) · √P // [B, L, nL, P]
         let pli = ple.embed_tokens_per_layer.forward(ids)?.mul_scalar((p as f64).sqrt())?;
         let pli = pli.reshape(&[s[0], s[1], nl, p])?;
@@ -169,7 +169,7 @@ impl Model {
         taps: Option<&TapSet>,
         stepwise: bool,
     ) -> Result<ForwardOutput> {
-        let s = ids.shape();
+        let s = ids.shape()?;
         if s.len() != 2 {
             return Err(Error::Input { op: "forward", detail: format!("token ids must be [B, L], got {s:?}") });
         }

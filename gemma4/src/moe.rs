@@ -86,15 +86,15 @@ impl Experts {
 
     /// x `[B, L, H]`, idx/w `[B, L, k]` -> `[B, L, H]`
     pub fn forward(&self, x: &Array, idx: &Array, weights: &Array) -> Result<Array> {
-        let ishape = idx.shape();
+        let ishape = idx.shape()?;
         let k = *ishape.last().unwrap_or(&1);
         let xs = x.expand_dims(-2)?.expand_dims(-3)?; // [B, L, 1, 1, H]
-        let do_sort = idx.size() >= 64;
+        let do_sort = idx.size()? >= 64;
         let (xs, ids, inv) = if do_sort {
             let flat = idx.reshape(&[-1])?;
             let order = flat.argsort(0)?;
             let inv = order.argsort(0)?;
-            let h = xs.dim(-1).unwrap_or(0);
+            let h = xs.dim(-1)?;
             let rows = xs.reshape(&[-1, 1, h])?; // flatten(0, -3): [B·L, 1, H]
             let src = order.floor_divide(&Array::scalar(k as f64, order.dtype())?)?;
             (rows.take(&src, 0)?, flat.take(&order, 0)?, Some(inv))
@@ -108,7 +108,7 @@ impl Experts {
         if let Some(inv) = inv {
             y = y.take(&inv, 0)?;
             let mut shape = ishape.clone();
-            shape.extend(y.shape()[1..].iter().copied());
+            shape.extend(y.shape()?[1..].iter().copied());
             y = y.reshape(&shape)?;
         }
         let y = y.squeeze(-2)?; // [B, L, k, H]

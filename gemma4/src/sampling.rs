@@ -88,7 +88,7 @@ pub fn apply_min_p(lp: &Array, min_p: f64, keep: usize) -> Result<Array> {
     let scaled = top.add_scalar(min_p.ln())?;
     let mut remove = lp.less(&scaled)?;
     if keep > 1 {
-        let v = lp.dim(-1).unwrap_or(0);
+        let v = lp.dim(-1)?;
         let part = lp.argpartition(v - keep as i32, -1)?;
         let idx = part.slice_axis(-1, v - keep as i32, v)?;
         remove = remove.put_along_axis(&idx, &Array::scalar(0.0, Dtype::Bool)?, -1)?;
@@ -98,7 +98,7 @@ pub fn apply_min_p(lp: &Array, min_p: f64, keep: usize) -> Result<Array> {
 
 /// Top-k filter (ties broken by argpartition order).
 pub fn apply_top_k(lp: &Array, k: usize) -> Result<Array> {
-    let v = lp.dim(-1).unwrap_or(0);
+    let v = lp.dim(-1)?;
     let neg = lp.negative()?;
     let mask_idx = neg.argpartition(k as i32 - 1, -1)?.slice_axis(-1, k as i32, v)?;
     Ok(lp.put_along_axis(&mask_idx, &neg_inf_like(lp)?, -1)?)

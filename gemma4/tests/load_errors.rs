@@ -116,7 +116,7 @@ fn misshaped_tensor_names_both_shapes() {
         let mut shapes = (Vec::new(), Vec::new());
         edit_shard(&dir, SHARD, |t| {
             let key = format!("model.{name}");
-            let orig = t[&key].shape();
+            let orig = t[&key].shape().unwrap();
             let bad: Vec<i32> = if *matrix { vec![orig[0], orig[1] / 2] } else { vec![orig[0] + 1] };
             t.insert(key, Array::zeros(&bad, Dtype::Bf16).unwrap());
             shapes = (orig, bad);
@@ -242,7 +242,7 @@ fn quantized_scales_of_the_wrong_shape() {
         let key = "model.layers.0.self_attn.q_proj.scales";
         let mut bad = Vec::new();
         edit_shard(&dir, SHARD, |t| {
-            let orig = t.get(key).expect("q_proj is quantized").shape();
+            let orig = t.get(key).expect("q_proj is quantized").shape().unwrap();
             assert_eq!(orig, vec![128, 2]);
             bad = reshape(&orig);
             t.insert(key.into(), Array::zeros(&bad, Dtype::Bf16).unwrap());
@@ -261,7 +261,7 @@ fn quantized_packed_weight_of_the_wrong_dtype() {
     let dir = copy_of(base_q4(), "qdtype");
     edit_shard(&dir, SHARD, |t| {
         let key = "model.layers.0.mlp.up_proj.weight";
-        let shape = t[key].shape();
+        let shape = t[key].shape().unwrap();
         t.insert(key.into(), Array::zeros(&shape, Dtype::Bf16).unwrap());
     });
     let e = load_err(&dir);

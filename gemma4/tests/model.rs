@@ -26,7 +26,7 @@ fn tap_does_not_change_logits() {
     let tapped = m.logits_from_hidden(&out.hidden).unwrap();
     assert_eq!(bytes(&plain), bytes(&tapped), "logits must be bit-identical with the tap on");
     let t = out.taps.unwrap();
-    assert_eq!(t.shape(), vec![1, 21, 3 * 128]);
+    assert_eq!(t.shape().unwrap(), vec![1, 21, 3 * 128]);
     // The last tap slot is the post-norm hidden itself.
     assert_eq!(bytes(&t.slice_axis(-1, 256, 384).unwrap()), bytes(&out.hidden));
     let bad = m.forward_tapped(&ids, None, &TapSet::layers(&[99]));

@@ -50,7 +50,7 @@ fn rows(toks: &[Tok]) -> (Array, Array) {
 
 /// Reads a K/V pair back into tokens, checking shape and that V matches K row by row.
 fn decode(k: &Array, v: &Array) -> Result<Vec<Tok>, TestCaseError> {
-    let (ks, vs) = (k.shape(), v.shape());
+    let (ks, vs) = (k.shape().unwrap(), v.shape().unwrap());
     prop_assert_eq!(ks.len(), 4, "K shape {:?}", ks);
     prop_assert_eq!(&ks, &vs, "K and V shapes differ");
     prop_assert_eq!((ks[0], ks[1], ks[3]), (1, 1, 2), "K shape {:?}", ks);
@@ -168,7 +168,12 @@ impl Harness {
         let cols = buf.len();
         let rows: Option<Vec<bool>> = match mask {
             AttnMask::Array(a) => {
-                prop_assert_eq!(a.shape(), vec![s as i32, cols as i32], "mask shape vs buffer of {} rows", cols);
+                prop_assert_eq!(
+                    a.shape().unwrap(),
+                    vec![s as i32, cols as i32],
+                    "mask shape vs buffer of {} rows",
+                    cols
+                );
                 Some(a.to_vec::<bool>().unwrap())
             }
             _ => None,

@@ -84,26 +84,35 @@ impl Array {
     }
 
     /// The shape (MLX uses i32 dimensions).
-    pub fn shape(&self) -> Vec<i32> {
-        ffi::shape(self.raw()).unwrap_or_default()
+    #[track_caller]
+    pub fn shape(&self) -> Result<Vec<i32>> {
+        ffi::shape(self.raw()).map_err(|e| mlx_err("shape", e))
     }
 
     /// Number of dimensions.
-    pub fn ndim(&self) -> usize {
-        self.shape().len()
+    #[track_caller]
+    pub fn ndim(&self) -> Result<usize> {
+        Ok(self.shape()?.len())
     }
 
-    /// Size of dimension `axis` (negative counts from the end), if it exists.
-    pub fn dim(&self, axis: i32) -> Option<i32> {
-        let s = self.shape();
+    /// Size of dimension `axis` (negative counts from the end); an error names the axis and
+    /// the shape when there is no such dimension.
+    #[track_caller]
+    pub fn dim(&self, axis: i32) -> Result<i32> {
+        let s = self.shape()?;
         let n = s.len() as i32;
         let a = if axis < 0 { axis + n } else { axis };
-        (0..n).contains(&a).then(|| s[a as usize])
+        if (0..n).contains(&a) {
+            Ok(s[a as usize])
+        } else {
+            Err(Error::Host { op: "dim", detail: format!("axis {axis} is out of range for shape {s:?}") })
+        }
     }
 
     /// Total number of elements.
-    pub fn size(&self) -> usize {
-        self.shape().iter().map(|&d| d as usize).product()
+    #[track_caller]
+    pub fn size(&self) -> Result<usize> {
+        Ok(self.shape()?.iter().map(|&d| d.max(0) as usize).product())
     }
 
     /// Element type.

@@ -71,7 +71,7 @@ impl ContextCache {
         let cache =
             self.layers.get_mut(i).ok_or_else(|| Error::Contract(format!("no context cache for drafter layer {i}")))?;
         let kv = cache.update_and_fetch(&block.k, &block.v)?;
-        cache.trim(block.k.dim(2).unwrap_or(0) as usize)?;
+        cache.trim(block.k.dim(2)? as usize)?;
         Ok(kv)
     }
 
@@ -118,7 +118,7 @@ mod tests {
         let mut c = ContextCache::new(1);
         c.append(vec![kv(3, 4, 1.0)], 3).unwrap();
         let (k, _) = c.with_block(0, &kv(2, 4, 9.0)).unwrap();
-        assert_eq!(k.dim(2), Some(5), "[context; block]");
+        assert_eq!(k.dim(2).unwrap(), 5, "[context; block]");
         assert_eq!((c.len(), row_counts(&c)), (3, vec![3]), "the block rows left again");
         assert!(c.with_block(1, &kv(2, 4, 9.0)).is_err(), "no layer 1");
     }

@@ -268,11 +268,11 @@ pub(crate) fn decode_with_rule(
                 target_cache: &cache,
             };
             let mut p = drafter.propose(req)?;
-            if p.is_empty() || p.len() > max_drafts {
+            if p.is_empty()? || p.len()? > max_drafts {
                 return Err(Error::Contract(format!(
                     "{} returned {} drafts (asked for 1..={max_drafts})",
                     drafter.name(),
-                    p.len()
+                    p.len()?
                 )));
             }
             if !greedy && p.q.is_none() {
@@ -285,14 +285,17 @@ pub(crate) fn decode_with_rule(
                 let c = conf.to_f32_vec()?;
                 stats.host_syncs += 1;
                 let keep = kept_len(&c, th);
-                if keep < p.len() {
+                if keep < p.len()? {
                     p = p.truncate(keep)?;
                 }
                 round_conf = c[..keep].to_vec();
             }
             Some(p)
         };
-        let d = proposal.as_ref().map_or(0, |p| p.len());
+        let d = match &proposal {
+            Some(p) => p.len()?,
+            None => 0,
+        };
 
         // Verify: one tapped forward over [pending, drafts].
         let window = match &proposal {

@@ -74,13 +74,13 @@ pub struct Proposal {
 
 impl Proposal {
     /// Number of drafts.
-    pub fn len(&self) -> usize {
-        self.tokens.dim(0).unwrap_or(0).max(0) as usize
+    pub fn len(&self) -> Result<usize> {
+        Ok(self.tokens.dim(0)?.max(0) as usize)
     }
 
     /// True if there are no drafts.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
     }
 
     /// The first `d` drafts (pruning truncates tokens, logits and confidence together).

@@ -31,7 +31,10 @@ pub(crate) fn greedy_verdict(
     stats: &mut SpecStats,
 ) -> Result<Judged> {
     let picks = logprobs(logits)?.argmax(-1, false)?.astype(Dtype::U32)?; // [d+1]
-    let d = proposal.map_or(0, |p| p.len());
+    let d = match proposal {
+        Some(p) => p.len()?,
+        None => 0,
+    };
     let both = match proposal {
         Some(p) => concatenate(&[&p.tokens, &picks], 0)?,
         None => picks,
@@ -75,7 +78,10 @@ pub(crate) fn sampled_verdict(
     stats: &mut SpecStats,
 ) -> Result<Judged> {
     let p = probabilities(logits, sampler)?; // [d+1, V] f32
-    let d = proposal.map_or(0, |p| p.len()) as i32;
+    let d = match proposal {
+        Some(p) => p.len()? as i32,
+        None => 0,
+    };
     let p_bonus = p.slice_axis(0, d, d + 1)?;
     let bonus = categorical(&p_bonus.log()?, -1, &keys.next_key()?)?.astype(Dtype::U32)?; // [1]
     let Some(prop) = proposal else {

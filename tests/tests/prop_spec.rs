@@ -48,8 +48,8 @@ impl Drafter for Checked {
     }
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> spec_decode::Result<()> {
         if let Some(c) = ctx {
-            if c.dim(1) != Some(len as i32) {
-                self.log.borrow_mut().push(format!("reset with {:?} rows for {len}", c.shape()));
+            if c.dim(1).unwrap() != len as i32 {
+                self.log.borrow_mut().push(format!("reset with {:?} rows for {len}", c.shape().unwrap()));
             }
         }
         self.committed = len;
@@ -75,8 +75,8 @@ impl Drafter for Checked {
     }
     fn commit(&mut self, rows: Option<&Array>, k: usize) -> spec_decode::Result<()> {
         if let Some(r) = rows {
-            if r.dim(1) != Some(k as i32) {
-                self.log.borrow_mut().push(format!("commit of {k} with {:?}", r.shape()));
+            if r.dim(1).unwrap() != k as i32 {
+                self.log.borrow_mut().push(format!("commit of {k} with {:?}", r.shape().unwrap()));
             }
         }
         self.committed += k;

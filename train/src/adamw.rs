@@ -40,7 +40,7 @@ pub struct AdamW {
 impl AdamW {
     /// Zero moments for `params`.
     pub fn new(config: AdamWConfig, params: &[Array]) -> Result<AdamW> {
-        let zeros = |p: &Array| Array::zeros(&p.shape(), Dtype::F32);
+        let zeros = |p: &Array| Array::zeros(&p.shape()?, Dtype::F32);
         let m = params.iter().map(zeros).collect::<mlx_core::Result<Vec<_>>>()?;
         let v = params.iter().map(zeros).collect::<mlx_core::Result<Vec<_>>>()?;
         Ok(AdamW { config, step: 0, m, v })
@@ -61,10 +61,10 @@ impl AdamW {
         let bias2 = 1.0 - c.beta2.powf(t as f64);
         let mut updated = Vec::with_capacity(params.len());
         for (i, (w, g)) in params.iter().zip(grads).enumerate() {
-            if w.shape() != g.shape() {
+            if w.shape()? != g.shape()? {
                 return Err(Error::Mismatch {
                     what: "adamw",
-                    detail: format!("parameter {i} has shape {:?} but its gradient {:?}", w.shape(), g.shape()),
+                    detail: format!("parameter {i} has shape {:?} but its gradient {:?}", w.shape()?, g.shape()?),
                 });
             }
             let g = g.astype(Dtype::F32)?;

@@ -30,7 +30,9 @@ pub fn sample_batch(shard: &Shard, a: usize, gamma: usize, max_ctx: usize, rng: 
     if total == 0 {
         return Err(Error::State {
             path: shard.path.clone(),
-            detail: format!("no sequence has a response with {gamma} tokens after an anchor (γ too long for this data)"),
+            detail: format!(
+                "no sequence has a response with {gamma} tokens after an anchor (γ too long for this data)"
+            ),
         });
     }
     let picks: Vec<usize> = (0..a).map(|_| rng.below(total as u64) as usize).collect();

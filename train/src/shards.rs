@@ -105,14 +105,14 @@ pub fn write_shard(
     let n_tokens: usize = seqs.iter().map(|s| s.ids.len()).sum();
     let width = (taps.len() * target.hidden_size) as i32;
     for (i, s) in seqs.iter().enumerate() {
-        if s.rows.shape() != [s.ids.len() as i32, width] || s.resp_start > s.ids.len() {
+        if s.rows.shape()? != [s.ids.len() as i32, width] || s.resp_start > s.ids.len() {
             return Err(Error::Mismatch {
                 what: "shard sequence",
                 detail: format!(
                     "sequence {i}: {} ids, response at {}, rows {:?} (expected [{}, {width}])",
                     s.ids.len(),
                     s.resp_start,
-                    s.rows.shape(),
+                    s.rows.shape()?,
                     s.ids.len()
                 ),
             });
@@ -157,8 +157,8 @@ pub fn read_shard(dir: &Path) -> Result<Shard> {
     let lens = lens.astype(Dtype::U32)?.to_vec::<u32>()?;
     let starts = starts.astype(Dtype::U32)?.to_vec::<u32>()?;
     let width = (meta.tap_layers.len() * meta.target.hidden_size) as i32;
-    if rows.shape() != [ids.len() as i32, width] {
-        return Err(bad(format!("rows are {:?}, expected [{}, {width}]", rows.shape(), ids.len())));
+    if rows.shape()? != [ids.len() as i32, width] {
+        return Err(bad(format!("rows are {:?}, expected [{}, {width}]", rows.shape()?, ids.len())));
     }
     if lens.len() != starts.len() || lens.len() != meta.n_seq || ids.len() != meta.n_tokens {
         return Err(bad(format!(

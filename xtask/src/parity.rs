@@ -101,7 +101,7 @@ struct Row {
 fn max_abs_diff(a: &Array, b: &Array) -> Result<f32> {
     let (x, y) = (a.to_f32_vec()?, b.to_f32_vec()?);
     if x.len() != y.len() {
-        bail!("shape mismatch {:?} vs {:?}", a.shape(), b.shape());
+        bail!("shape mismatch {:?} vs {:?}", a.shape()?, b.shape()?);
     }
     // Equal bits (incl. matching infinities) are no difference; a NaN on one side is infinite.
     let diff = |p: f32, q: f32| match (p.to_bits() == q.to_bits(), (p - q).abs()) {
@@ -146,7 +146,7 @@ fn check(job: &Job, reference: &Path, first_of_model: bool) -> Result<Row> {
     let _ = t0;
     let matched = ours.iter().zip(&ref_tokens).take_while(|(a, b)| a == b).count();
     let mut max_lp = 0f32;
-    for (i, lp) in lps.iter().enumerate().take(matched.min(ref_lp.dim(0).unwrap_or(0) as usize)) {
+    for (i, lp) in lps.iter().enumerate().take(matched.min(ref_lp.dim(0)? as usize)) {
         let theirs = ref_lp.slice_axis(0, i as i32, i as i32 + 1)?;
         max_lp = max_lp.max(max_abs_diff(&lp.reshape(&[1, -1])?, &theirs.reshape(&[1, -1])?)?);
     }

@@ -29,10 +29,13 @@ impl KvCache {
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
         super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         let prev = self.offset as i32;
-        let s = k.dim(2).unwrap_or(0);
-        let capacity = self.keys.as_ref().and_then(|a| a.dim(2)).unwrap_or(0);
+        let s = k.dim(2)?;
+        let capacity = match &self.keys {
+            Some(a) => a.dim(2)?,
+            None => 0,
+        };
         if self.keys.is_none() || prev + s > capacity {
-            let (kshape, vshape) = (k.shape(), v.shape());
+            let (kshape, vshape) = (k.shape()?, v.shape()?);
             let n_steps = (STEP + s - 1) / STEP;
             let new_k = Array::zeros(&[kshape[0], kshape[1], n_steps * STEP, kshape[3]], k.dtype())?;
             let new_v = Array::zeros(&[vshape[0], vshape[1], n_steps * STEP, vshape[3]], v.dtype())?;
@@ -76,7 +79,7 @@ impl KvCache {
             return Err(mlx_core::Error::Host { op: "KvCache::fetch", detail: "empty cache".into() });
         };
         let off = self.offset as i32;
-        if off < k.dim(2).unwrap_or(0) {
+        if off < k.dim(2)? {
             Ok((k.slice_axis(2, 0, off)?, v.slice_axis(2, 0, off)?))
         } else {
             Ok((k.clone(), v.clone()))
@@ -109,7 +112,7 @@ impl KvCache {
 
 /// `buf[..., start:end, :] = rows`
 pub(super) fn write_rows(buf: &Array, rows: &Array, start: i32, end: i32) -> mlx_core::Result<Array> {
-    let shape = buf.shape();
+    let shape = buf.shape()?;
     let lo = [0, 0, start, 0];
     let hi = [shape[0], shape[1], end, shape[3]];
     buf.slice_update(rows, &lo, &hi, &[1, 1, 1, 1])

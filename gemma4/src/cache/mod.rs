@@ -32,18 +32,18 @@ pub enum CacheError {
 /// Checks that k and v are `[B, H, S, D]` rows to write, with S ≥ 1, the same B, H and S, and
 /// the B, H and D of the buffers already held, so a bad write is refused before anything changes.
 fn check_rows(k: &Array, v: &Array, held: Option<(&Array, &Array)>) -> mlx_core::Result<()> {
-    let (ks, vs) = (k.shape(), v.shape());
+    let (ks, vs) = (k.shape()?, v.shape()?);
     let bad = |detail: String| Err(mlx_core::Error::Host { op: "cache write", detail });
     if ks.len() != 4 || vs.len() != 4 || ks[..3] != vs[..3] || ks[2] < 1 {
         return bad(format!("keys and values must be [B, H, S >= 1, D] with equal B, H, S; got {ks:?} and {vs:?}"));
     }
     if let Some((hk, hv)) = held {
         let same = |new: &[i32], old: Vec<i32>| old.len() == 4 && (new[0], new[1], new[3]) == (old[0], old[1], old[3]);
-        if !same(&ks, hk.shape()) || !same(&vs, hv.shape()) {
+        if !same(&ks, hk.shape()?) || !same(&vs, hv.shape()?) {
             return bad(format!(
                 "rows {ks:?} / {vs:?} do not match the cached [B, H, _, D] of {:?} / {:?}",
-                hk.shape(),
-                hv.shape()
+                hk.shape()?,
+                hv.shape()?
             ));
         }
     }

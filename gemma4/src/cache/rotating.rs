@@ -68,14 +68,17 @@ impl RotatingKvCache {
     }
 
     /// Rows in the buffer.
-    pub fn buffer_len(&self) -> usize {
-        self.keys.as_ref().and_then(|k| k.dim(2)).unwrap_or(0) as usize
+    pub fn buffer_len(&self) -> mlx_core::Result<usize> {
+        Ok(match &self.keys {
+            Some(k) => k.dim(2)? as usize,
+            None => 0,
+        })
     }
 
     /// Writes k, v `[B, H, S, D]`; S == 1 takes the in-place path, S > 1 the concat path.
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
         super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
-        if k.dim(2) == Some(1) {
+        if k.dim(2)? == 1 {
             self.update_in_place(k, v)
         } else {
             self.update_concat(k, v)
@@ -83,7 +86,7 @@ impl RotatingKvCache {
     }
 
     fn temporal_order(&self, buf: &Array) -> mlx_core::Result<Array> {
-        let len = buf.dim(2).unwrap_or(0);
+        let len = buf.dim(2)?;
         if self.idx == len {
             Ok(buf.clone())
         } else if (self.idx as usize) < self.offset {
@@ -95,7 +98,7 @@ impl RotatingKvCache {
 
     /// Drops the oldest `trim` rows (keep = 0) and appends `append`.
     fn trim_front(trim: i32, buf: &Array, append: Option<&Array>) -> mlx_core::Result<Array> {
-        let len = buf.dim(2).unwrap_or(0);
+        let len = buf.dim(2)?;
         let kept = if trim > 0 { buf.slice_axis(2, trim, len)? } else { buf.clone() };
         match append {
             Some(a) => concatenate(&[&kept, a], 2),
@@ -104,12 +107,12 @@ impl RotatingKvCache {
     }
 
     fn update_concat(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
-        let s = k.dim(2).unwrap_or(0);
+        let s = k.dim(2)?;
         match (self.keys.take(), self.values.take()) {
             (Some(ok), Some(ov)) => {
                 let ok = self.temporal_order(&ok)?;
                 let ov = self.temporal_order(&ov)?;
-                self.idx = ok.dim(2).unwrap_or(0);
+                self.idx = ok.dim(2)?;
                 // At most max_size − 1 old rows, so every new token still sees a full window.
                 let trim = self.idx - self.max_size + 1;
                 self.keys = Some(Self::trim_front(trim, &ok, Some(k))?);
@@ -121,7 +124,7 @@ impl RotatingKvCache {
             }
         }
         self.offset += s as usize;
-        self.idx = self.buffer_len() as i32;
+        self.idx = self.buffer_len()? as i32;
         self.spec_budget = (s as usize).saturating_sub(1);
         self.last_write = s as usize;
         self.phase = None;
@@ -133,10 +136,10 @@ impl RotatingKvCache {
 
     fn update_in_place(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
         let prev = self.offset as i32;
-        let len = self.buffer_len() as i32;
+        let len = self.buffer_len()? as i32;
         if self.keys.is_none() || (prev >= len && len < self.max_size) {
             let new_size = STEP.min(self.max_size - prev);
-            let (ks, vs) = (k.shape(), v.shape());
+            let (ks, vs) = (k.shape()?, v.shape()?);
             let new_k = Array::zeros(&[ks[0], ks[1], new_size, ks[3]], k.dtype())?;
             let new_v = Array::zeros(&[vs[0], vs[1], new_size, vs[3]], v.dtype())?;
             match (self.keys.take(), self.values.take()) {
@@ -154,7 +157,7 @@ impl RotatingKvCache {
         let (Some(mut keys), Some(mut values)) = (self.keys.take(), self.values.take()) else {
             return Err(mlx_core::Error::Host { op: "RotatingKvCache", detail: "buffer missing".into() });
         };
-        let trim = keys.dim(2).unwrap_or(0) - self.max_size;
+        let trim = keys.dim(2)? - self.max_size;
         if trim > 0 {
             keys = Self::trim_front(trim, &keys, None)?;
             values = Self::trim_front(trim, &values, None)?;
@@ -172,7 +175,7 @@ impl RotatingKvCache {
         self.idx += 1;
         self.spec_budget = 0;
         self.last_write = 1;
-        let buf = keys.dim(2).unwrap_or(0);
+        let buf = keys.dim(2)?;
         let out = if (self.offset as i32) < buf {
             (keys.slice_axis(2, 0, self.offset as i32)?, values.slice_axis(2, 0, self.offset as i32)?)
         } else {
@@ -192,8 +195,8 @@ impl RotatingKvCache {
         let phase = *self.phase.get_or_insert(prev.max(self.max_size as usize));
         let (keys, values) = self.update_concat(k, v)?;
         self.phase = Some(phase);
-        let first = self.offset - self.buffer_len(); // position of buffer row 0
-        let s = k.dim(2).unwrap_or(0) as usize;
+        let first = self.offset - self.buffer_len()?; // position of buffer row 0
+        let s = k.dim(2)? as usize;
         (prev..prev + s)
             .map(|q| Ok((self.decode_view(&keys, q, phase, first)?, self.decode_view(&values, q, phase, first)?)))
             .collect()
@@ -243,7 +246,7 @@ impl RotatingKvCache {
         }
         if n <= self.spec_budget {
             // Physically drop the rejected rows; the buffer stays temporal with idx == len.
-            let keep = self.buffer_len() as i32 - n as i32;
+            let keep = self.buffer_len()? as i32 - n as i32;
             if let (Some(k), Some(v)) = (&self.keys, &self.values) {
                 let (k, v) = (k.slice_axis(2, 0, keep)?, v.slice_axis(2, 0, keep)?);
                 self.keys = Some(k);

@@ -38,12 +38,13 @@ pub fn quantize_checkpoint(src: &Path, dest: &Path, bits: u32, group_size: u32, 
     block.insert("bits".into(), json!(bits));
     block.insert("mode".into(), json!("affine"));
     for (name, w) in tensors {
-        let module = name.strip_suffix(".weight").filter(|_| w.ndim() >= 2);
+        let ndim = w.ndim()?;
+        let module = name.strip_suffix(".weight").filter(|_| ndim >= 2);
         let full = |n: &str| full_name(n, prefix);
         match module {
             Some(m) => {
                 let spec = module_spec(m, default)?;
-                let in_dim = w.dim(-1).unwrap_or(0) as u32;
+                let in_dim = w.dim(-1)? as u32;
                 if !in_dim.is_multiple_of(spec.group_size()) {
                     out.insert(full(&name), w);
                     continue;

@@ -47,7 +47,7 @@ impl LinearWeights {
         Ok(match self {
             LinearWeights::Dense(w) => w.take(ids, 0)?,
             LinearWeights::Quantized(q) => {
-                let mut shape = ids.shape();
+                let mut shape = ids.shape()?;
                 let rows = q.gather_rows(&ids.reshape(&[-1])?)?;
                 shape.push(-1);
                 rows.reshape(&shape)?
@@ -140,7 +140,7 @@ impl WeightMap {
     /// Takes a float tensor (see [`WeightMap::get_float`]) and checks its shape.
     pub fn get_shaped(&mut self, name: &str, expected: &[i32]) -> Result<Array> {
         let a = self.get_float(name)?;
-        let got = a.shape();
+        let got = a.shape()?;
         if got != expected {
             return Err(Error::WeightShape {
                 dir: self.dir.clone(),
@@ -197,7 +197,7 @@ impl WeightMap {
         if weight.dtype() != Dtype::U32 {
             return Err(qerr(format!("packed weight has dtype {}, expected uint32", weight.dtype())));
         }
-        let (full_ws, full_ss) = (weight.shape(), scales.shape());
+        let (full_ws, full_ss) = (weight.shape()?, scales.shape()?);
         let n = lead.len();
         let lead_ok =
             full_ws.len() == n + 2 && full_ss.len() == n + 2 && full_ws[..n] == lead[..] && full_ss[..n] == lead[..];
@@ -223,10 +223,10 @@ impl WeightMap {
         let spec = mlx_core::quant::QuantSpec::new(spec.bits, spec.group_size).map_err(|e| qerr(e.to_string()))?;
         let expect_w = (inp as u32 * spec.bits() / 32) as i32;
         let expect_s = (inp as u32 / spec.group_size()) as i32;
-        if ws[1] != expect_w || ss[1] != expect_s || biases.shape() != full_ss {
+        if ws[1] != expect_w || ss[1] != expect_s || biases.shape()? != full_ss {
             return Err(qerr(format!(
                 "weight {full_ws:?}, scales {full_ss:?}, biases {:?} do not match {} bits / group {} for in={inp} (expected weight [{out}, {expect_w}], scales [{out}, {expect_s}])",
-                biases.shape(),
+                biases.shape()?,
                 spec.bits(),
                 spec.group_size()
             )));

@@ -64,7 +64,7 @@ pub fn sanitize(raw: BTreeMap<String, Array>, cfg: &TextConfig) -> Result<(BTree
         }
         if let Some(base) = key.strip_suffix(".experts.gate_up_proj") {
             // [E, 2I, H] → gate = first half, up = second half along axis -2.
-            let two_i = value.dim(-2).unwrap_or(0);
+            let two_i = value.dim(-2)?;
             let gate = value.slice_axis(-2, 0, two_i / 2)?.contiguous()?;
             let up = value.slice_axis(-2, two_i / 2, two_i)?.contiguous()?;
             out.insert(format!("{base}.experts.switch_glu.gate_proj.weight"), gate);

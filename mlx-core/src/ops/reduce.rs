@@ -48,14 +48,14 @@ impl Array {
     /// Sum of every element, as a 0-d array (an empty `axes` list reduces nothing in MLX).
     #[track_caller]
     pub fn sum_all(&self) -> Result<Array> {
-        let axes: Vec<i32> = (0..self.ndim() as i32).collect();
+        let axes: Vec<i32> = (0..self.ndim()? as i32).collect();
         self.sum(&axes, false)
     }
 
     /// Mean of every element, as a 0-d array.
     #[track_caller]
     pub fn mean_all(&self) -> Result<Array> {
-        let axes: Vec<i32> = (0..self.ndim() as i32).collect();
+        let axes: Vec<i32> = (0..self.ndim()? as i32).collect();
         self.mean(&axes, false)
     }
 

@@ -20,7 +20,7 @@ impl Array {
     /// Swaps two axes.
     #[track_caller]
     pub fn swapaxes(&self, a: i32, b: i32) -> Result<Array> {
-        let n = self.ndim() as i32;
+        let n = self.ndim()? as i32;
         let norm = |x: i32| if x < 0 { x + n } else { x };
         let (a, b) = (norm(a), norm(b));
         let mut axes: Vec<i32> = (0..n).collect();
@@ -61,7 +61,7 @@ impl Array {
     /// `self[..., start:stop, ...]` along one axis (negative bounds count from the end).
     #[track_caller]
     pub fn slice_axis(&self, axis: i32, start: i32, stop: i32) -> Result<Array> {
-        let shape = self.shape();
+        let shape = self.shape()?;
         let n = shape.len() as i32;
         let ax = if axis < 0 { axis + n } else { axis };
         if !(0..n).contains(&ax) {

@@ -39,7 +39,7 @@ pub(crate) fn project_rows(
 /// Rows must be `[1, k, taps·H]` (shape metadata only; no host read).
 fn check_rows(model: &DeepSpecModel, rows: &Array, k: usize, op: &str) -> Result<()> {
     let want = [1, k as i32, model.cfg.context_width() as i32];
-    let got = rows.shape();
+    let got = rows.shape()?;
     if got != want {
         return Err(Error::Contract(format!(
             "deepspec {op}: tapped rows have shape {got:?}, expected {want:?} (1 × {k} rows × {} taps · {} hidden)",

@@ -63,12 +63,12 @@ impl DeepSpecDrafter {
         let tensors = gemma4::weights::load_raw(dir)?;
         check_quantized_entries(dir, &cfg, tensors.keys())?;
         if let Some(fc) = tensors.get("fc.weight").filter(|_| !tensors.contains_key("fc.scales")) {
-            if fc.ndim() == 2 && fc.dim(1) != Some(cfg.context_width() as i32) {
+            if fc.ndim()? == 2 && fc.dim(1)? != cfg.context_width() as i32 {
                 return Err(incompatible(
                     dir,
                     format!(
                         "fc.weight takes {} features, but target_layer_ids lists {} taps × hidden {} = {}",
-                        fc.dim(1).unwrap_or(0),
+                        fc.dim(1)?,
                         cfg.target_layer_ids.len(),
                         cfg.hidden_size,
                         cfg.context_width()
@@ -106,10 +106,10 @@ impl DeepSpecDrafter {
     /// against the committed context.
     pub fn draft_block(&mut self, anchor: &Array, position: usize) -> Result<Block> {
         let g = self.model.cfg.block_size;
-        if anchor.size() != 1 {
+        if anchor.size()? != 1 {
             return Err(Error::Contract(format!(
                 "deepspec: the anchor must be one token, got shape {:?}",
-                anchor.shape()
+                anchor.shape()?
             )));
         }
         let anchor = anchor.reshape(&[1])?.astype(Dtype::U32)?; // [1]

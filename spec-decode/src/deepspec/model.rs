@@ -134,7 +134,7 @@ impl DeepSpecModel {
 
     /// K (k_norm, roped) and V (weightless norm of the raw projection) // `[B, L, H]` -> `[B, nKv, L, hd]`
     fn noise_kv(&self, l: &Layer, x: &Array, start: usize) -> Result<LayerKv> {
-        let s = x.shape();
+        let s = x.shape()?;
         let raw =
             l.k_proj.forward(x)?.reshape(&[s[0], s[1], self.cfg.num_kv_heads as i32, self.cfg.head_dim as i32])?;
         let v = self.rms(&raw, None)?.transpose(&[0, 2, 1, 3])?;
@@ -146,7 +146,7 @@ impl DeepSpecModel {
     pub(crate) fn backbone(&self, ids: &Array, ctx: &mut ContextKv, position: usize) -> Result<Array> {
         let (nh, hd) = (self.cfg.num_attention_heads as i32, self.cfg.head_dim as i32);
         let mut h = self.embed_tokens.forward(ids)?.mul_scalar((self.cfg.hidden_size as f64).sqrt())?; // [1, γ, H]
-        let s = h.shape();
+        let s = h.shape()?;
         let (b, l) = (s[0], s[1]);
         for (i, layer) in self.layers.iter().enumerate() {
             let x = self.rms(&h, Some(&layer.input_layernorm))?;

@@ -213,8 +213,8 @@ impl DSparkDrafter {
                 .cfg
                 .param_shape(&name, &self.dims)
                 .ok_or_else(|| Error::Contract(format!("unknown parameter {name}")))?;
-            if a.shape() != want {
-                return Err(Error::Contract(format!("parameter {name}: shape {:?}, expected {want:?}", a.shape())));
+            if a.shape()? != want {
+                return Err(Error::Contract(format!("parameter {name}: shape {:?}, expected {want:?}", a.shape()?)));
             }
             params.insert(name, a.astype(Dtype::F32)?);
         }
@@ -254,7 +254,10 @@ impl DSparkDrafter {
         let mut params = BTreeMap::new();
         let mut quantized = BTreeMap::new();
         for name in d.config.param_names() {
-            let want = d.config.param_shape(&name, &d.dims).unwrap_or_default();
+            let want = d
+                .config
+                .param_shape(&name, &d.dims)
+                .ok_or_else(|| Error::checkpoint(dir, format!("no shape for parameter {name:?}")))?;
             if raw.contains_key(&format!("{name}.scales")) {
                 if param_kind(&name) == ParamKind::ConfidenceHead {
                     return Err(Error::checkpoint(
@@ -281,10 +284,10 @@ impl DSparkDrafter {
                 continue;
             }
             let a = raw.get(&name).ok_or_else(|| Error::checkpoint(dir, format!("missing tensor {name:?}")))?;
-            if a.shape() != want {
+            if a.shape()? != want {
                 return Err(Error::checkpoint(
                     dir,
-                    format!("tensor {name:?} has shape {:?}, expected {want:?}", a.shape()),
+                    format!("tensor {name:?} has shape {:?}, expected {want:?}", a.shape()?),
                 ));
             }
             params.insert(name, a.astype(Dtype::F32)?);
@@ -343,9 +346,12 @@ impl DSparkDrafter {
         }
         let mut map = BTreeMap::new();
         for (name, a) in names.into_iter().zip(params) {
-            let want = self.cfg.param_shape(&name, &self.dims).unwrap_or_default();
-            if a.shape() != want {
-                return Err(Error::Contract(format!("parameter {name}: shape {:?}, expected {want:?}", a.shape())));
+            let want = self
+                .cfg
+                .param_shape(&name, &self.dims)
+                .ok_or_else(|| Error::Contract(format!("no shape for parameter {name:?}")))?;
+            if a.shape()? != want {
+                return Err(Error::Contract(format!("parameter {name}: shape {:?}, expected {want:?}", a.shape()?)));
             }
             map.insert(name, a.astype(Dtype::F32)?);
         }
@@ -380,7 +386,7 @@ impl DSparkDrafter {
 
     fn heads(&self, x: &Array) -> Result<Array> {
         // [1, L, D] -> [1, heads, L, hd]
-        let l = x.dim(1).unwrap_or(0);
+        let l = x.dim(1)?;
         let hd = (self.cfg.d_draft / self.cfg.n_heads) as i32;
         Ok(x.reshape(&[1, l, self.cfg.n_heads as i32, hd])?.transpose(&[0, 2, 1, 3])?)
     }
@@ -452,8 +458,8 @@ impl Drafter for DSparkDrafter {
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {
         self.ctx = None;
         let rows = ctx.ok_or_else(|| Error::Contract("dspark needs the tapped prompt context".into()))?;
-        if rows.dim(1) != Some(len as i32) {
-            return Err(Error::Contract(format!("context has {:?} rows, expected {len}", rows.shape())));
+        if rows.dim(1)? != len as i32 {
+            return Err(Error::Contract(format!("context has {:?} rows, expected {len}", rows.shape()?)));
         }
         let mut ctx = ContextCache::new(self.w.layers.len());
         if len > 0 {
@@ -511,8 +517,8 @@ impl Drafter for DSparkDrafter {
 
     fn commit(&mut self, rows: Option<&Array>, k: usize) -> Result<()> {
         let rows = rows.ok_or_else(|| Error::Contract("dspark commit needs the tapped rows".into()))?;
-        if rows.dim(1) != Some(k as i32) {
-            return Err(Error::Contract(format!("commit of {k} rows got {:?}", rows.shape())));
+        if rows.dim(1)? != k as i32 {
+            return Err(Error::Contract(format!("commit of {k} rows got {:?}", rows.shape()?)));
         }
         let kv = self.project_context(rows)?;
         self.ctx.as_mut().ok_or_else(|| Error::Contract("dspark: commit before reset".into()))?.append(kv, k)

@@ -79,7 +79,7 @@ fn rms(x: &Array, w: &Array, eps: f32) -> Result<Array> {
 
 /// `[A, L, D]` -> `[A, heads, L, hd]`
 fn heads(x: &Array, n_heads: usize) -> Result<Array> {
-    let s = x.shape();
+    let s = x.shape()?;
     let (a, l, d) = (s[0], s[1], s[2]);
     Ok(x.reshape(&[a, l, n_heads as i32, d / n_heads as i32])?.transpose(&[0, 2, 1, 3])?)
 }
@@ -104,7 +104,7 @@ pub fn forward_train(
 ) -> Result<TrainForward> {
     let w = Weights::build(cfg, &named_params(cfg, params)?, &BTreeMap::new())?;
     let (g, eps, nh) = (cfg.gamma as i32, dims.eps, cfg.n_heads);
-    let shape = batch.block.shape();
+    let shape = batch.block.shape()?;
     if shape.len() != 2 || shape[1] != g {
         return Err(Error::Contract(format!("block is {shape:?}, expected [A, γ = {g}]")));
     }
@@ -155,7 +155,7 @@ pub fn forward_train(
 /// The training loss of a forward against the batch's targets.
 pub fn dspark_loss(fwd: &TrainForward, target: &Model, batch: &TrainBatch, weights: &LossWeights) -> Result<LossTerms> {
     let (a, g) = {
-        let s = fwd.logits.shape();
+        let s = fwd.logits.shape()?;
         (s[0], s[1])
     };
     let log_pd = fwd.logits.subtract(&fwd.logits.logsumexp(&[-1], true)?)?; // [A, γ, V]
