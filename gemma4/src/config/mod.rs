@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 pub use error::ConfigError;
 pub use fixtures::{tiny_config_a, tiny_config_b, tiny_config_moe_top8, tiny_dense_config};
 pub use layer_spec::{KvSource, LayerKind, LayerSpec, Layout, RopeSpec, RopeType};
-pub use quant::{QuantMode, QuantSpec, QuantizationConfig};
+pub use quant::{QuantSpec, QuantizationConfig};
 pub use raw::{RawRope, RawTextConfig};
 
 use raw::token_ids;
@@ -83,8 +83,8 @@ fn read(path: &Path) -> Result<String, ConfigError> {
 }
 
 /// Reads generation_config.json's `eos_token_id` the way mlx-lm's `load_config` does: an
-/// undecodable file is ignored, and `0` (falsy in Python) does not override. Unlike mlx-lm, an
-/// explicit `null`, `false` or `[]` is refused: it would leave the model without stop ids.
+/// undecodable file is ignored, and the falsy `0`, `null` and `[]` do not override. `false`
+/// (not a token id) is refused.
 fn generation_eos(path: &Path) -> Result<Option<Vec<u32>>, ConfigError> {
     if !path.exists() {
         return Ok(None);
@@ -93,6 +93,8 @@ fn generation_eos(path: &Path) -> Result<Option<Vec<u32>>, ConfigError> {
     let eos = match value.get("eos_token_id") {
         None => return Ok(None),
         Some(Value::Number(n)) if n.as_u64() == Some(0) => return Ok(None),
+        Some(Value::Null) => return Ok(None),
+        Some(Value::Array(a)) if a.is_empty() => return Ok(None),
         Some(v) => v,
     };
     let field = "eos_token_id".to_string();

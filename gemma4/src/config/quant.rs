@@ -6,17 +6,9 @@ use serde_json::{json, Map, Value};
 
 use super::error::{invalid, ConfigError};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QuantMode {
-    Affine,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuantSpec {
-    pub group_size: u32,
-    pub bits: u32,
-    pub mode: QuantMode,
-}
+/// One quantization type for configs, loaders and writers: mlx-core's validated spec (MLX's
+/// affine mode, the only one supported; other modes are refused when the config is parsed).
+pub use mlx_core::quant::QuantSpec;
 
 /// The MLX `quantization` block: a default plus per-module-path overrides, where
 /// `None` means "leave this module unquantized" (a `false` entry).
@@ -42,7 +34,7 @@ impl QuantizationConfig {
 
     /// The block as mlx-lm writes it (`false` for unquantized overrides).
     pub fn to_json_value(&self) -> Value {
-        let spec = |s: &QuantSpec| json!({"group_size": s.group_size, "bits": s.bits, "mode": "affine"});
+        let spec = |s: &QuantSpec| json!({"group_size": s.group_size(), "bits": s.bits(), "mode": "affine"});
         let mut map = match self.default.as_ref().map(spec) {
             Some(Value::Object(m)) => m,
             _ => Map::new(),
@@ -87,11 +79,11 @@ pub(crate) fn parse_quant(block: &Value, field: &str) -> Result<QuantizationConf
 
 fn quant_spec(map: &Map<String, Value>, field: &str) -> Result<QuantSpec, ConfigError> {
     // Mode first: a non-affine block is refused for its mode, not its group size.
-    let mode = match map.get("mode") {
-        None | Some(Value::Null) => QuantMode::Affine,
-        Some(Value::String(s)) if s == "affine" => QuantMode::Affine,
+    match map.get("mode") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "affine" => {}
         Some(other) => return Err(unsupported(format!("{field}.mode"), other)),
-    };
+    }
     let pick = |key: &str, allowed: &[u32]| {
         let v = map.get(key);
         match v.and_then(Value::as_u64) {
@@ -99,6 +91,7 @@ fn quant_spec(map: &Map<String, Value>, field: &str) -> Result<QuantSpec, Config
             _ => Err(invalid(format!("{field}.{key}"), format!("one of {allowed:?}"), v.unwrap_or(&Value::Null))),
         }
     };
-    let group_size = pick("group_size", &[32, 64, 128])?;
-    Ok(QuantSpec { group_size, bits: pick("bits", &[2, 3, 4, 5, 6, 8])?, mode })
+    let group_size = pick("group_size", &mlx_core::quant::SUPPORTED_GROUP_SIZES)?;
+    let bits = pick("bits", &mlx_core::quant::SUPPORTED_BITS)?;
+    QuantSpec::new(bits, group_size).map_err(|e| invalid(field.to_string(), "a supported quantization", e))
 }

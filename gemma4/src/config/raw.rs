@@ -74,8 +74,8 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
     Option::<T>::deserialize(d).map(Some)
 }
 
-/// `eos_token_id` is an int or a list of ints. An explicit `null` becomes an empty list, which
-/// validation refuses (a model without stop ids would never stop on its own).
+/// `eos_token_id` is an int or a list of ints. An explicit `null` becomes an empty list: the
+/// config names no stop ids, and the tokenizer's eos token applies.
 pub(crate) fn token_ids<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u32>>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]

@@ -338,9 +338,9 @@ fn quantization_block_gives_default_overrides_and_unquantized_entries() {
     });
     let cfg = parse(&with(&tiny_config_a_json(), json!({"quantization": q}))).unwrap();
     let quant = cfg.quantization.as_ref().unwrap();
-    let four = QuantSpec { group_size: 64, bits: 4, mode: QuantMode::Affine };
+    let four = QuantSpec::new(4, 64).unwrap();
     assert_eq!(quant.default, Some(four));
-    assert_eq!(quant.spec_for("model.layers.0.router.proj"), Some(QuantSpec { bits: 8, ..four }));
+    assert_eq!(quant.spec_for("model.layers.0.router.proj"), Some(QuantSpec::new(8, 64).unwrap()));
     assert_eq!(quant.spec_for("model.embed_tokens_per_layer"), None);
     assert_eq!(quant.spec_for("model.layers.1.mlp.up_proj"), Some(four));
     assert_eq!(quant.spec_for("model.layers.3.self_attn.q_proj"), Some(four));
@@ -350,7 +350,7 @@ fn quantization_block_gives_default_overrides_and_unquantized_entries() {
 #[test]
 fn quantization_falls_back_to_quantization_config_blocks() {
     let q = json!({"group_size": 32, "bits": 8});
-    let spec = Some(QuantSpec { group_size: 32, bits: 8, mode: QuantMode::Affine });
+    let spec = Some(QuantSpec::new(8, 32).unwrap());
     let flat = parse(&with(&tiny_config_a_json(), json!({"quantization_config": q}))).unwrap();
     assert_eq!(flat.quantization.unwrap().default, spec);
     let mut n = nested(&tiny_config_a_json());
@@ -496,14 +496,20 @@ fn integers_that_become_shapes_must_fit_i32() {
 }
 
 #[test]
-fn stop_ids_must_be_present_and_in_the_vocabulary() {
-    for (eos, got) in [(json!(512), "[512]"), (json!([1, 9999]), "id 9999"), (json!([]), "none"), (Value::Null, "none")]
-    {
+fn stop_ids_must_be_in_the_vocabulary() {
+    for (eos, got) in [(json!(512), "[512]"), (json!([1, 9999]), "id 9999")] {
         let mut v = tiny_config_a_json();
         v["eos_token_id"] = eos.clone();
         let msg = err_text(&v);
-        assert!(msg.starts_with("eos_token_id: expected one or more token ids below vocab_size (512)"), "{eos}: {msg}");
+        assert!(msg.starts_with("eos_token_id: expected token ids below vocab_size (512)"), "{eos}: {msg}");
         assert!(msg.contains(got), "{eos}: {msg}");
+    }
+    // An explicit null or [] names no stop ids (the tokenizer's eos then applies); an absent
+    // key takes Gemma's default.
+    for eos in [json!([]), Value::Null] {
+        let mut v = tiny_config_a_json();
+        v["eos_token_id"] = eos;
+        assert_eq!(parse(&v).unwrap().eos_token_ids, Vec::<u32>::new());
     }
     // Nested, with no top-level list: text_config's is used, and named.
     let mut v = nested(&with(&tiny_config_a_json(), json!({"eos_token_id": 700})));
@@ -516,16 +522,16 @@ fn generation_config_stop_ids_are_checked_and_name_the_file() {
     let dir = TempDir::new("gen-eos");
     std::fs::write(dir.0.join("config.json"), tiny_config_a_json().to_string()).unwrap();
     let path = dir.0.join("generation_config.json");
-    for (text, got) in [
-        (r#"{"eos_token_id": 600}"#, "600"),
-        (r#"{"eos_token_id": []}"#, "none"),
-        (r#"{"eos_token_id": null}"#, "none"),
-        (r#"{"eos_token_id": false}"#, "false"),
-    ] {
+    for (text, got) in [(r#"{"eos_token_id": 600}"#, "600"), (r#"{"eos_token_id": false}"#, "false")] {
         std::fs::write(&path, text).unwrap();
         let msg = TextConfig::from_dir(&dir.0).unwrap_err().to_string();
         assert!(msg.starts_with(&format!("{}: eos_token_id: expected", path.display())), "{text}: {msg}");
         assert!(msg.contains(got), "{text}: {msg}");
+    }
+    // Falsy values do not override config.json's ids, as in mlx-lm.
+    for text in [r#"{"eos_token_id": []}"#, r#"{"eos_token_id": null}"#, r#"{"eos_token_id": 0}"#] {
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(TextConfig::from_dir(&dir.0).unwrap().eos_token_ids, [1], "{text}");
     }
 }
 

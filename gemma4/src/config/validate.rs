@@ -85,13 +85,12 @@ fn rope_spec(c: &Check<'_>, key: &str, raw: &RawRope) -> Result<(RopeSpec, f64),
     Ok((spec, partial))
 }
 
-/// Stop ids must be a non-empty list of ids inside the vocabulary. The error's field is
-/// filled in by the caller, which knows which file and block the list came from.
+/// Stop ids must lie inside the vocabulary. An explicit `null` or `[]` says the config has no
+/// stop ids: then, as in mlx-lm, the tokenizer's eos token stops generation
+/// (`tokenizer::stop_tokens`). The error's field is filled in by the caller, which knows which
+/// file and block the list came from.
 pub(crate) fn check_eos(ids: &[u32], vocab_size: usize) -> Result<Vec<u32>, ConfigError> {
-    let want = format!("one or more token ids below vocab_size ({vocab_size})");
-    if ids.is_empty() {
-        return Err(invalid("", want, "none (null or [])"));
-    }
+    let want = format!("token ids below vocab_size ({vocab_size})");
     match ids.iter().find(|&&id| id as usize >= vocab_size) {
         Some(bad) => Err(invalid("", want, format!("{ids:?} (id {bad} is out of range)"))),
         None => Ok(ids.to_vec()),

@@ -211,16 +211,13 @@ impl WeightMap {
         let spec = match override_spec.flatten() {
             Some(s) => s,
             None => {
+                // No spec in the config: infer it from the packed widths.
                 let group = inp as i32 / ss[1];
                 let bits = ws[1] * 32 / inp as i32;
-                crate::config::QuantSpec {
-                    group_size: group as u32,
-                    bits: bits as u32,
-                    mode: crate::config::QuantMode::Affine,
-                }
+                mlx_core::quant::QuantSpec::new(bits.max(0) as u32, group.max(0) as u32)
+                    .map_err(|e| qerr(e.to_string()))?
             }
         };
-        let spec = mlx_core::quant::QuantSpec::new(spec.bits, spec.group_size).map_err(|e| qerr(e.to_string()))?;
         let expect_w = (inp as u32 * spec.bits() / 32) as i32;
         let expect_s = (inp as u32 / spec.group_size()) as i32;
         if ws[1] != expect_w || ss[1] != expect_s || biases.shape()? != full_ss {
