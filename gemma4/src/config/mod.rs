@@ -64,7 +64,7 @@ pub struct TextConfig {
     pub num_experts: Option<usize>,
     pub top_k_experts: Option<usize>,
     pub moe_intermediate_size: Option<usize>,
-    /// Numerically irrelevant for default/proportional RoPE; kept so configs round-trip.
+    /// Numerically irrelevant for default/proportional RoPE; `generate` refuses to run past it.
     pub max_position_embeddings: usize,
     /// Stop ids: top-level `eos_token_id`, overridden by generation_config.json in `from_dir`.
     pub eos_token_ids: Vec<u32>,
