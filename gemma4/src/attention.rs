@@ -1,4 +1,4 @@
-//! Gemma-4 attention (gemma4.md §3.5): q/k norms instead of 1/√d (scale 1.0), V normed without
+//! Gemma-4 attention: q/k norms instead of 1/√d (scale 1.0), V normed without
 //! weight and not roped, GQA in the kernel, and KV sharing: a shared layer reads its donor's
 //! fetched K/V and the donor's pre-write offset.
 

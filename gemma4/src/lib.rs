@@ -26,4 +26,6 @@ pub use cache::{Cache, CacheError, LayerCache};
 pub use config::{LayerKind, TextConfig};
 pub use error::{Error, Result};
 pub use model::{ForwardOutput, Model};
+#[cfg(feature = "testing")]
+pub use moe::sorted_expert_calls;
 pub use tap::{TapPoint, TapSet};

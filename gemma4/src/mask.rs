@@ -1,4 +1,4 @@
-//! Attention masks exactly as mlx-lm builds them (gemma4.md §5.4): the mode (none, the string
+//! Attention masks exactly as mlx-lm builds them: the mode (none, the string
 //! "causal", or a bool array) is part of kernel selection, so it is reproduced, not simplified.
 
 use mlx_core::Array;

@@ -9,6 +9,18 @@ use crate::error::Result;
 use crate::linear::Linear;
 use crate::weights::{LinearWeights, WeightMap};
 
+#[cfg(feature = "testing")]
+thread_local! {
+    static SORTED_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many expert calls built on this thread took the sorted path (feature `testing`): lets
+/// tests check that stepwise forwards never do, whatever the backend's rounding.
+#[cfg(feature = "testing")]
+pub fn sorted_expert_calls() -> usize {
+    SORTED_CALLS.with(std::cell::Cell::get)
+}
+
 /// Router: norm → scale → project → top-k → softmax → per-expert scale.
 pub struct Router {
     proj: Linear,
@@ -90,6 +102,8 @@ impl Experts {
         let k = *ishape.last().unwrap_or(&1);
         let xs = x.expand_dims(-2)?.expand_dims(-3)?; // [B, L, 1, 1, H]
         let do_sort = idx.size()? >= 64;
+        #[cfg(feature = "testing")]
+        SORTED_CALLS.with(|c| c.set(c.get() + usize::from(do_sort)));
         let (xs, ids, inv) = if do_sort {
             let flat = idx.reshape(&[-1])?;
             let order = flat.argsort(0)?;

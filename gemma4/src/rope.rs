@@ -1,4 +1,4 @@
-//! RoPE per layer kind (gemma4.md §3.6). Proportional frequencies are computed with MLX ops on
+//! RoPE per layer kind. Proportional frequencies are computed with MLX ops on
 //! the device, exactly as mlx-lm's `ProportionalRoPE` does: host math differs in the last ulp.
 
 use mlx_core::fast::{self, RopeFreqs};

@@ -1,5 +1,5 @@
-//! Token selection as mlx-lm's `make_sampler` applies it (gemma4.md §6.2): greedy is the argmax
-//! of bf16 **logprobs** (not logits, §6.1); otherwise top-p, min-p, top-k filter the T = 1
+//! Token selection as mlx-lm's `make_sampler` applies it: greedy is the argmax
+//! of bf16 **logprobs** (not logits); otherwise top-p, min-p, top-k filter the T = 1
 //! logprobs in that order, and temperature is applied last inside the categorical draw.
 
 use mlx_core::random::{categorical, KeyChain};

@@ -168,5 +168,14 @@ fn stepwise_moe_top8_rows_are_one_token_decode_steps() {
     // 8 rows × top-8 experts = 64 (token, expert) pairs: where a batched expert call would sort.
     let m = Model::load(common::tiny_moe_top8()).unwrap();
     assert_eq!(m.config().top_k_experts, Some(8));
+    let before = gemma4::sorted_expert_calls();
     check_stepwise_rounds(&m, 10, &[(8, 3), (8, 8), (8, 1), (7, 7)]);
+    // Bit equality can hold on a backend whose sorted kernel rounds the same; the path must not
+    // be taken regardless (a batched forward of 10 rows has 80 pairs: sorted, and allowed).
+    let mut cache = m.new_cache();
+    m.forward(&ids_array(&prompt(10)).unwrap(), Some(&mut cache)).unwrap();
+    let after_prefill = gemma4::sorted_expert_calls();
+    assert!(after_prefill > before, "a batched forward of 10 rows must take the sorted path");
+    m.forward_stepwise(&ids_array(&prompt(8)).unwrap(), &mut cache, None).unwrap();
+    assert_eq!(gemma4::sorted_expert_calls(), after_prefill, "a stepwise forward took the sorted expert path");
 }

@@ -1,9 +1,9 @@
-//! KV caches, replicating mlx-lm's `KVCache` and `RotatingKVCache` buffer layouts exactly
-//! (gemma4.md §5): SDPA sums over keys in buffer order, so the layout is part of the numerics.
+//! KV caches, replicating mlx-lm's `KVCache` and `RotatingKVCache` buffer layouts exactly:
+//! SDPA sums over keys in buffer order, so the layout is part of the numerics.
 //!
 //! Rollback (`trim`) is all-or-nothing across layers: `can_trim` checks every layer before
 //! `trim` changes any. A rotating cache can always be trimmed by up to the size of its last
-//! multi-token write, even after the ring wrapped (the speculative verify case, §5.6); other
+//! multi-token write, even after the ring wrapped (the speculative verify case); other
 //! trims are legal only before the ring wraps, as in mlx-lm.
 
 mod full;

@@ -1,5 +1,5 @@
-//! mlx-lm's `RotatingKVCache(max_size, keep=0)` (gemma4.md §5.3), plus an exact rollback right
-//! after a multi-token write that also works once the ring has wrapped (§5.6).
+//! mlx-lm's `RotatingKVCache(max_size, keep=0)`, plus an exact rollback right
+//! after a multi-token write that also works once the ring has wrapped.
 //!
 //! Layout rules, which decide what SDPA sees:
 //! - a multi-token write (prefill chunk, verify batch) reorders the buffer temporally, keeps at

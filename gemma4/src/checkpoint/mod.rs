@@ -3,6 +3,7 @@
 //! goes through [`crate::staging::StagedDir`], so an interrupted run never leaves something
 //! that looks like a checkpoint.
 
+#[cfg(feature = "testing")]
 mod hf_layout;
 mod quantize;
 mod random;
@@ -16,6 +17,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 pub use crate::staging::StagedDir;
+#[cfg(feature = "testing")]
 pub use hf_layout::write_hf_layout;
 pub use quantize::quantize_checkpoint;
 pub use random::{param_specs, random_weights, write_random_checkpoint, Init, ParamSpec};

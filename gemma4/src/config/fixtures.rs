@@ -1,4 +1,4 @@
-//! Tiny fixture configs for tests and smokes.
+//! Tiny fixture configs for tests and smokes (feature `testing`).
 
 use serde_json::{json, Value};
 

@@ -9,6 +9,7 @@
 //! writes every field explicitly.
 
 mod error;
+#[cfg(any(test, feature = "testing"))]
 mod fixtures;
 mod layer_spec;
 mod quant;
@@ -23,6 +24,7 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 pub use error::ConfigError;
+#[cfg(any(test, feature = "testing"))]
 pub use fixtures::{tiny_config_a, tiny_config_b, tiny_config_moe_top8, tiny_dense_config};
 pub use layer_spec::{KvSource, LayerKind, LayerSpec, Layout, RopeSpec, RopeType};
 pub use quant::{QuantSpec, QuantizationConfig};
@@ -62,7 +64,7 @@ pub struct TextConfig {
     pub num_experts: Option<usize>,
     pub top_k_experts: Option<usize>,
     pub moe_intermediate_size: Option<usize>,
-    /// Numerically irrelevant for default/proportional RoPE; kept so configs round-trip.
+    /// Numerically irrelevant for default/proportional RoPE; `generate` refuses to run past it.
     pub max_position_embeddings: usize,
     /// Stop ids: top-level `eos_token_id`, overridden by generation_config.json in `from_dir`.
     pub eos_token_ids: Vec<u32>,

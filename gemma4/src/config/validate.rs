@@ -158,7 +158,8 @@ impl TryFrom<RawTextConfig> for TextConfig {
             let expected = format!("a value >= vocab_size ({vocab_size}) when hidden_size_per_layer_input > 0");
             return Err(c.bad("vocab_size_per_layer_input", expected, vocab_size_per_layer_input));
         }
-        // The embedding table doubles as the tied head: its element count must fit too.
+        // The [V, H] embedding table, read by gathers and as the tied head: its element count
+        // is bounded by i32 as well, so no flat index into it can wrap.
         c.product("vocab_size × hidden_size", vocab_size, hidden_size)?;
         let softcap = t.final_logit_softcapping.unwrap_or(Some(30.0));
         let softcap = softcap.map(|x| c.pos_f32("final_logit_softcapping", Some(x), x));

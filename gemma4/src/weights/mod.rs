@@ -1,5 +1,5 @@
-//! Checkpoint tensors: shard discovery and header checks ([`files`]), mlx-lm's sanitize rules
-//! ([`sanitize`]) and a `WeightMap` that hands tensors to the model by name, checks shapes and
+//! Checkpoint tensors: shard discovery and header checks (`files.rs`), mlx-lm's sanitize rules
+//! (`sanitize.rs`) and a `WeightMap` that hands tensors to the model by name, checks shapes and
 //! element types, and refuses leftovers (mlx-lm loads with `strict=True`).
 //!
 //! Names are normalised to the text model's own paths (`layers.0.self_attn.q_proj.weight`,
