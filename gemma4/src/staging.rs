@@ -38,7 +38,7 @@ impl StagedDir {
             if !empty {
                 return Err(Error::Input {
                     op: "write checkpoint",
-                    detail: format!("{} exists and is not empty (use --force to replace it)", dest.display()),
+                    detail: format!("{} exists and is not empty (replacing it must be forced)", dest.display()),
                 });
             }
         }

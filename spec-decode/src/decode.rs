@@ -175,6 +175,7 @@ pub fn speculative_generate(
     cfg: &SpecConfig,
     on_token: impl FnMut(u32),
 ) -> Result<SpecOutput> {
+    gemma4::generate::check_positions(target, prompt.len(), cfg.generate.max_tokens)?;
     let mut pre = prefill(target, &drafter.taps(), prompt, cfg.generate.prefill_step)?;
     // The prompt's tapped rows are needed only to seed the drafter: hand them over so they are
     // freed once projected, instead of living (m·H per prompt token) for the whole decode.

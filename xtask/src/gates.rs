@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use gemma4::checkpoint::{quantize_checkpoint, write_random_checkpoint};
-use gemma4::config::{tiny_config_a, tiny_config_b, tiny_dense_config};
+use gemma4::config::{tiny_config_a, tiny_config_b, tiny_config_moe_top8, tiny_dense_config};
 use gemma4::generate::{generate, prefill as plain_prefill, step_logits, GenerateConfig};
 use gemma4::sampling::{logprobs, Sampler, SamplerConfig};
 use gemma4::{Model, TextConfig};
@@ -82,11 +82,15 @@ fn targets(root: &Path) -> Result<Vec<Target>> {
     let b = write_random_checkpoint(&root.join("tiny-b-f32"), &tiny_config_b(), 4321, Dtype::F32, 1, true)?;
     let b16 = write_random_checkpoint(&root.join("tiny-b-bf16"), &tiny_config_b(), 4321, Dtype::Bf16, 1, true)?;
     let b_q4 = quantize_checkpoint(&b16, &root.join("tiny-b-q4"), 4, 64, true)?;
+    // Top-8 of 16 experts: a batched verify of 8 rows routes 64 (token, expert) pairs, where
+    // MLX switches to sorted expert kernels; the stepwise verify must not.
+    let moe8 = write_random_checkpoint(&root.join("tiny-moe-top8"), &tiny_config_moe_top8(), 77, Dtype::Bf16, 1, true)?;
     Ok(vec![
         Target { name: "A bf16", dir: a },
         Target { name: "A q4", dir: a_q4 },
         Target { name: "B f32 (MoE)", dir: b },
         Target { name: "B q4 (MoE)", dir: b_q4 },
+        Target { name: "MoE top-8 bf16", dir: moe8 },
     ])
 }
 
