@@ -20,6 +20,7 @@ mod adamw;
 mod clip;
 pub mod drafter_train;
 mod error;
+pub mod regen;
 mod rng;
 pub mod sampler;
 mod schedule;
