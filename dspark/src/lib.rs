@@ -9,3 +9,4 @@ pub mod generate;
 pub mod paths;
 pub mod quantize_drafter;
 pub mod quantize_target;
+pub mod regen;

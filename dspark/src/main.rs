@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use dspark::{calibrate, default_model, generate, quantize_drafter, quantize_target};
+use dspark::{calibrate, default_model, generate, quantize_drafter, quantize_target, regen};
 
 #[derive(Parser)]
 #[command(name = "dspark", version, about = "Gemma-4 on MLX with lossless speculative decoding")]
@@ -22,6 +22,9 @@ enum Cmd {
     QuantizeDrafter(quantize_drafter::Args),
     /// Write an MLX-affine-quantized copy of a Gemma-4 target checkpoint (mlx-lm's layout).
     QuantizeTarget(quantize_target::Args),
+    /// Regenerate drafter training data: the target answers prompts (or reads documents) and its
+    /// tapped hidden rows are written as shards (resumable).
+    Regen(regen::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
     InitDefault {
         /// Replace an existing default checkpoint.
@@ -36,6 +39,7 @@ fn main() -> Result<()> {
         Cmd::QuantizeDrafter(args) => quantize_drafter::run(args),
         Cmd::QuantizeTarget(args) => quantize_target::run(args),
         Cmd::Calibrate(args) => calibrate::run(args),
+        Cmd::Regen(args) => regen::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;
             let drafter = default_model::ensure_drafter(&dir, force)?;

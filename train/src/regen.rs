@@ -399,7 +399,7 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
     let header_line = json_line(header, &ledger_path)?;
     if !ledger_path.exists() {
         let visible = std::fs::read_dir(out).map_err(io(out))?.flatten().any(|e| !name(&e.path()).starts_with('.'));
-        if visible {
+        if visible && !force {
             return Err(Error::Invalid {
                 what: format!("output directory {}", out.display()),
                 detail: format!(

@@ -237,6 +237,13 @@ fn foreign_and_non_regen_output_directories_are_refused() {
     std::fs::write(other_dir.join("readme.txt"), "mine").unwrap();
     let e = run(&m, &tok, &prompts(), &other_dir, &opts(vec![6], 4)).unwrap_err().to_string();
     assert!(e.contains("not a regen directory") && e.contains("--force"), "{e}");
+    run(&m, &tok, &prompts()[..1], &other_dir, &RegenOptions { force: true, ..opts(vec![6], 4) }).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(other_dir.join("readme.txt")).unwrap(),
+        "mine",
+        "force leaves other files alone"
+    );
+    assert_eq!(shard_names(&other_dir), ["shard_00000"]);
     let forced = RegenOptions { force: true, ..opts(vec![2, 6], 4) };
     run(&m, &tok, &prompts()[..2], &out, &forced).unwrap();
     assert_eq!(read_shard(&out.join("shard_00000")).unwrap().meta.target, TargetId::of(m.config()));
