@@ -631,3 +631,68 @@ pub fn regen(
     sum.elapsed = st.elapsed;
     Ok(sum)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gemma 3's published chat template (system prefix, role alternation check, `trim`,
+    /// `raise_exception`), which a Jinja engine must render as Hugging Face does.
+    const GEMMA3: &str = r#"{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}"#;
+
+    fn template(source: &str) -> ChatTemplate {
+        let vars = BTreeMap::from([("bos_token", "<bos>".to_string()), ("eos_token", "<eos>".to_string())]);
+        ChatTemplate { source: source.into(), vars, origin: "test template".into() }
+    }
+
+    #[test]
+    fn gemma3_template_renders_as_hugging_face_does() {
+        let text = template(GEMMA3).render("  Why is the sky blue?\n").unwrap();
+        assert_eq!(text, "<bos><start_of_turn>user\nWhy is the sky blue?<end_of_turn>\n<start_of_turn>model\n");
+    }
+
+    #[test]
+    fn python_methods_and_raised_exceptions() {
+        let t = template("{{ messages[0]['content'].strip().upper() }}{% if add_generation_prompt %}!{% endif %}");
+        assert_eq!(t.render(" hi ").unwrap(), "HI!");
+        let e = template("{{ raise_exception('no system role here') }}").render("x").unwrap_err().to_string();
+        assert!(e.starts_with("test template: ") && e.contains("no system role here"), "{e}");
+    }
+
+    #[test]
+    fn default_taps_spread_and_end_with_the_final_norm() {
+        assert_eq!(default_taps(6), [1, 3, 4, 6]);
+        assert_eq!(default_taps(48), [12, 24, 36, 48]);
+        assert_eq!(default_taps(1), [0, 1]);
+        for l in 1..64 {
+            validate_taps(&default_taps(l), l).unwrap();
+        }
+    }
+}
