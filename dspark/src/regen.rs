@@ -11,7 +11,7 @@ use gemma4::tokenizer::Tokenizer;
 use gemma4::Model;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_core::Device;
-use train::regen::{default_taps, read_inputs, regen, validate_taps, RegenMode, RegenOptions};
+use train::regen::{default_taps, read_input_lines, regen, validate_taps, RegenMode, RegenOptions};
 
 /// Arguments of `dspark regen`. Numeric options accept negative values at parse time so the
 /// range checks can say what is allowed.
@@ -101,7 +101,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     crate::paths::refuse_drafter_as_model(&a.model, "--model")?;
     crate::paths::check_out_dir(&a.model, &a.out)?;
-    let inputs = read_inputs(input, key)?;
+    let (labels, inputs): (Vec<String>, Vec<String>) = read_input_lines(input, key)?.into_iter().unzip();
     if inputs.is_empty() {
         bail!("{}: no {key}s in this file", input.display());
     }
@@ -124,12 +124,13 @@ pub fn run(a: Args) -> Result<()> {
     );
     bar.set_prefix(if key == "prompt" { "prompts" } else { "documents" });
     bar.enable_steady_tick(Duration::from_millis(500));
-    let opts = RegenOptions { mode, taps: taps.clone(), seqs_per_shard, force: a.force };
+    let opts = RegenOptions { mode, taps: taps.clone(), seqs_per_shard, force: a.force, labels };
     let result = regen(&model, tokenizer.as_ref(), &inputs, &a.out, &opts, |p| {
+        bar.set_position(p.done as u64);
         if p.skipped > 0 && p.done == p.skipped {
+            // Skipped items took no time: the estimate starts from here.
             bar.reset_eta();
         }
-        bar.set_position(p.done as u64);
         let rate = p.tokens as f64 / p.elapsed.as_secs_f64().max(1e-9);
         bar.set_message(format!("{rate:.1} tok/s, {} shards", p.shards));
     });

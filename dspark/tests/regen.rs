@@ -116,6 +116,14 @@ fn regen_refusals_name_the_flag_or_line_and_write_nothing() {
         fails_with(&r, needles);
         assert!(!out.exists(), "{extra:?} wrote {}", out.display());
     }
+    // An item the model cannot take is named by its line.
+    std::fs::write(&prompts, "t5 t6\n\n{\"prompt\": \" \"}\n").unwrap();
+    let o2 = sc.join("data2");
+    fails_with(
+        &dspark(&home, &["regen", "--model", s(&model), "--prompts", s(&prompts), "--out", s(&o2)]),
+        &["prompts.jsonl:3: \" \" encodes to no tokens"],
+    );
+    std::fs::write(&prompts, "t5 t6\n").unwrap();
     fails_with(
         &dspark(&home, &["regen", "--model", s(&model), "--prompts", s(&prompts), "--out", s(&model)]),
         &["--out", "is the source"],

@@ -56,6 +56,15 @@ pub struct RegenOptions {
     pub seqs_per_shard: usize,
     /// Start over: remove the ledger and every shard in the output directory first.
     pub force: bool,
+    /// How errors name input item `i` (e.g. `prompts.jsonl:7`, from [`read_input_lines`]);
+    /// where absent, `input item i`.
+    pub labels: Vec<String>,
+}
+
+impl RegenOptions {
+    fn label(&self, i: usize) -> String {
+        self.labels.get(i).cloned().unwrap_or_else(|| format!("input item {i}"))
+    }
 }
 
 /// Reported after every item and at the start (where `done` counts the items skipped).
@@ -131,6 +140,11 @@ pub fn tap_set(taps: &[usize], num_layers: usize) -> TapSet {
 /// Reads an input file: one item a line, either plain text or a JSON object with a string
 /// field `key` (`"prompt"`, `"text"`) when the line starts with `{`. Blank lines are skipped.
 pub fn read_inputs(path: &Path, key: &str) -> Result<Vec<String>> {
+    Ok(read_input_lines(path, key)?.into_iter().map(|(_, s)| s).collect())
+}
+
+/// Like [`read_inputs`], each item with its label `file:line` (for [`RegenOptions::labels`]).
+pub fn read_input_lines(path: &Path, key: &str) -> Result<Vec<(String, String)>> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
     let mut items = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -138,17 +152,17 @@ pub fn read_inputs(path: &Path, key: &str) -> Result<Vec<String>> {
         if line.is_empty() {
             continue;
         }
+        let at = || format!("{}:{}", path.display(), n + 1);
         if !line.starts_with('{') {
-            items.push(line.to_string());
+            items.push((at(), line.to_string()));
             continue;
         }
-        let at = || format!("{}:{}", path.display(), n + 1);
         let v: Value = serde_json::from_str(line).map_err(|e| Error::Invalid {
             what: at(),
             detail: format!("a line starting with '{{' must be JSON: {e}"),
         })?;
         match v.get(key) {
-            Some(Value::String(s)) => items.push(s.clone()),
+            Some(Value::String(s)) => items.push((at(), s.clone())),
             other => {
                 return Err(Error::Invalid {
                     what: at(),
@@ -268,9 +282,9 @@ impl<'t> Encoder<'t> {
         self.template.as_ref()
     }
 
-    /// The ids of item `index` (named in errors).
-    pub fn encode(&self, index: usize, text: &str) -> Result<Vec<u32>> {
-        let what = || format!("input item {index}");
+    /// The ids of an input item (`label` names it in errors).
+    pub fn encode(&self, label: &str, text: &str) -> Result<Vec<u32>> {
+        let what = || label.to_string();
         let ids = match (self.tok, &self.template) {
             (Some(tok), Some(t)) => tok.encode(&t.render(text)?, false).map_err(gemma4::Error::from)?,
             (Some(tok), None) => tok.encode(text, true).map_err(gemma4::Error::from)?,
@@ -336,8 +350,13 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// Appends a line (by rewriting the whole file).
     fn push(&mut self, line: String) -> Result<()> {
         self.lines.push(line);
+        self.save()
+    }
+
+    fn save(&self) -> Result<()> {
         let tmp = self.path.with_file_name(format!(".{LEDGER}.tmp-{}", std::process::id()));
         let io = |path: &Path| {
             let path = path.to_path_buf();
@@ -407,8 +426,8 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
                 ),
             });
         }
-        let mut ledger = Ledger { path: ledger_path, lines: Vec::new() };
-        ledger.push(header_line)?;
+        let ledger = Ledger { path: ledger_path, lines: vec![header_line] };
+        ledger.save()?;
         return Ok(Resume { ledger, done: BTreeMap::new(), next_shard: 0, orphans_removed: 0 });
     }
 
@@ -477,10 +496,9 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
         }
     }
     let next_shard = named.iter().max().map_or(0, |m| m + 1);
-    let mut ledger = Ledger { path: ledger_path, lines: Vec::new() };
-    let last = kept.pop().unwrap_or_default();
-    ledger.lines = kept;
-    ledger.push(last)?;
+    // Rewritten without the entries of vanished shards, so shard numbers stay unique.
+    let ledger = Ledger { path: ledger_path, lines: kept };
+    ledger.save()?;
     Ok(Resume { ledger, done, next_shard, orphans_removed })
 }
 
@@ -534,13 +552,25 @@ pub fn regen(
     let mut resume = prepare(out, &header, opts.force)?;
     let done = std::mem::take(&mut resume.done);
     for (&i, (h, shard)) in &done {
-        if inputs.get(i).map(|s| text_hash(s)).as_ref() != Some(h) {
+        let shard = shard_dir(out, *shard);
+        let Some(text) = inputs.get(i) else {
             return Err(Error::Invalid {
                 what: format!("input item {i}"),
                 detail: format!(
-                    "it differs from the item {i} that {} was regenerated from (the input file changed; use \
-                     --force to start over, or another --out)",
-                    shard_dir(out, *shard).display()
+                    "{} holds item {i}, but there are only {} items now (the input file changed; use --force to \
+                     start over, or another --out)",
+                    shard.display(),
+                    inputs.len()
+                ),
+            });
+        };
+        if text_hash(text) != *h {
+            return Err(Error::Invalid {
+                what: opts.label(i),
+                detail: format!(
+                    "differs from item {i} that {} was regenerated from (the input file changed; use --force to \
+                     start over, or another --out)",
+                    shard.display()
                 ),
             });
         }
@@ -591,7 +621,7 @@ pub fn regen(
         }
         let seqs = match opts.mode {
             RegenMode::Generate { max_new, temperature, seed } => {
-                let prompt = encoder.encode(i, text)?;
+                let prompt = encoder.encode(&opts.label(i), text)?;
                 let gcfg = GenerateConfig {
                     max_tokens: max_new,
                     sampler: SamplerConfig { temperature, ..SamplerConfig::default() },
@@ -604,7 +634,7 @@ pub fn regen(
                 vec![Sequence { rows: tapped(&ids)?, resp_start: prompt.len(), ids }]
             }
             RegenMode::FromText { max_len } => encoder
-                .encode(i, text)?
+                .encode(&opts.label(i), text)?
                 .chunks(max_len)
                 .filter(|c| c.len() >= 2)
                 .map(|c| Ok(Sequence { rows: tapped(c)?, resp_start: 1, ids: c.to_vec() }))

@@ -11,7 +11,9 @@ use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::Model;
 use mlx_core::{Array, Dtype};
-use train::regen::{default_taps, read_inputs, regen, tap_set, RegenMode, RegenOptions, RegenSummary, LEDGER};
+use train::regen::{
+    default_taps, read_input_lines, read_inputs, regen, tap_set, RegenMode, RegenOptions, RegenSummary, LEDGER,
+};
 use train::shards::{list_shards, read_shard, write_shard, Sequence, TargetId};
 
 /// A scratch directory removed on drop.
@@ -52,6 +54,7 @@ fn opts(taps: Vec<usize>, per_shard: usize) -> RegenOptions {
         taps,
         seqs_per_shard: per_shard,
         force: false,
+        labels: Vec::new(),
     }
 }
 
@@ -189,7 +192,9 @@ fn rerun_skips_committed_prompts_and_crash_leftovers_are_redone() {
     let mut changed = more.clone();
     changed[0] = "t5 t5".into();
     let e = run(&m, &tok, &changed, &out, &o).unwrap_err().to_string();
-    assert!(e.contains("input item 0") && e.contains("changed"), "{e}");
+    assert!(e.contains("input item 0: differs") && e.contains("changed"), "{e}");
+    let e = run(&m, &tok, &more[..3], &out, &o).unwrap_err().to_string();
+    assert!(e.contains("only 3 items now"), "{e}");
     let e = run(&m, &tok, &more, &out, &opts(vec![6], 2)).unwrap_err().to_string();
     assert!(e.contains("taps [6]") && e.contains("expected"), "{e}");
     let o13 = RegenOptions { mode: RegenMode::Generate { max_new: 13, temperature: 0.0, seed: 0 }, ..o.clone() };
@@ -255,6 +260,17 @@ fn input_lines_are_json_or_text_and_bad_ones_name_file_and_line() {
     let f = s.join("prompts.jsonl");
     std::fs::write(&f, "{\"prompt\": \"t5 t6\"}\nt7 t8\n\n  {\"prompt\": \"t9\", \"x\": 1}\n").unwrap();
     assert_eq!(read_inputs(&f, "prompt").unwrap(), ["t5 t6", "t7 t8", "t9"]);
+    let labelled = read_input_lines(&f, "prompt").unwrap();
+    let at = |n: usize| format!("{}:{n}", f.display());
+    assert_eq!(labelled.iter().map(|(l, _)| l.clone()).collect::<Vec<_>>(), [at(1), at(2), at(4)]);
+    // Errors about an item name its line.
+    let s2 = Scratch::new("inputs-model");
+    let (m, tok) = target(&s2);
+    std::fs::write(&f, "t5 t6\n\n{\"prompt\": \"   \"}\n").unwrap();
+    let (labels, items): (Vec<String>, Vec<String>) = read_input_lines(&f, "prompt").unwrap().into_iter().unzip();
+    let o = RegenOptions { labels, ..opts(vec![6], 4) };
+    let e = run(&m, &tok, &items, &s.join("out"), &o).unwrap_err().to_string();
+    assert!(e.contains(&format!("{}: \"   \" encodes to no tokens", at(3))), "{e}");
     for (text, want) in [
         ("t5\n{\"prompt\": 3}\n", "prompts.jsonl:2: expected a JSON object with a string \"prompt\", found 3"),
         ("t5\nt6\n{\"prompt\": \"t5\"\n", "prompts.jsonl:3: a line starting with '{' must be JSON"),
