@@ -187,11 +187,23 @@ pub struct ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// The template of `tok`, if its `tokenizer_config.json` has one. A list of named templates
-    /// (kept by the tokenizer as its JSON text) yields the one named `default`, else the first.
+    /// The template of `tok`: its `tokenizer_config.json`'s `chat_template`, else a
+    /// `chat_template.jinja` file next to `tokenizer.json` (where newer checkpoints keep it), else
+    /// none. A list of named templates (kept by the tokenizer as its JSON text) yields the one
+    /// named `default`, else the first.
     pub fn of(tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
-        let Some(src) = tok.chat_template() else { return Ok(None) };
-        let origin = format!("chat template of {}", tok.path().with_file_name("tokenizer_config.json").display());
+        let jinja = tok.path().with_file_name("chat_template.jinja");
+        let (src, origin) = match tok.chat_template() {
+            Some(src) => (src.to_string(), tok.path().with_file_name("tokenizer_config.json")),
+            None if jinja.is_file() => {
+                let src =
+                    std::fs::read_to_string(&jinja).map_err(|source| Error::Io { path: jinja.clone(), source })?;
+                (src, jinja)
+            }
+            None => return Ok(None),
+        };
+        let src = src.as_str();
+        let origin = format!("chat template of {}", origin.display());
         let source = match serde_json::from_str::<Vec<Value>>(src) {
             Ok(list) if src.trim_start().starts_with('[') => {
                 let named = |want: Option<&str>| {

@@ -329,6 +329,20 @@ fn chat_template_is_applied_and_ids_without_a_tokenizer_are_read() {
     let (ids, resp, _) = stored(&out).remove(0);
     assert_eq!((&ids[..resp], resp), (&[2, 20, 5, 6, 21, 22][..], 6));
 
+    // A template kept in chat_template.jinja (tokenizer_config.json without one) is read too.
+    v.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(dir.join("tokenizer_config.json"), v.to_string()).unwrap();
+    std::fs::write(dir.join("chat_template.jinja"), "{{ bos_token }}t30 {{ messages[0].content }}").unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let out = s.join("jinja");
+    run(&m, &tok, &["t5".to_string()], &out, &opts(vec![6], 4)).unwrap();
+    let (ids, resp, _) = stored(&out).remove(0);
+    assert_eq!(&ids[..resp], &[2, 30, 5]);
+    std::fs::write(dir.join("chat_template.jinja"), "{% if %}").unwrap();
+    let e = run(&m, &tok, &["t5".to_string()], &s.join("broken"), &opts(vec![6], 4)).unwrap_err().to_string();
+    assert!(e.contains("chat template of") && e.contains("chat_template.jinja"), "{e}");
+    assert!(!s.join("broken").exists(), "a broken template is refused before anything is written");
+
     // Without a tokenizer, prompts are token ids.
     let out = s.join("ids");
     regen(&m, None, &["5, 6 7".to_string()], &out, &opts(vec![6], 4), |_| {}).unwrap();
