@@ -9,4 +9,5 @@ pub mod generate;
 pub mod paths;
 pub mod quantize_drafter;
 pub mod quantize_target;
+pub mod regen;
 pub mod train;

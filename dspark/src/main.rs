@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use dspark::{calibrate, default_model, generate, quantize_drafter, quantize_target, train};
+use dspark::{calibrate, default_model, generate, quantize_drafter, quantize_target, regen, train};
 
 #[derive(Parser)]
 #[command(name = "dspark", version, about = "Gemma-4 on MLX with lossless speculative decoding")]
@@ -22,6 +22,9 @@ enum Cmd {
     QuantizeDrafter(quantize_drafter::Args),
     /// Write an MLX-affine-quantized copy of a Gemma-4 target checkpoint (mlx-lm's layout).
     QuantizeTarget(quantize_target::Args),
+    /// Regenerate drafter training data: the target answers prompts (or reads documents) and its
+    /// tapped hidden rows are written as shards (resumable).
+    Regen(regen::Args),
     /// Train a DSpark drafter for a target on shards written by `dspark regen`.
     Train(train::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
@@ -38,6 +41,7 @@ fn main() -> Result<()> {
         Cmd::QuantizeDrafter(args) => quantize_drafter::run(args),
         Cmd::QuantizeTarget(args) => quantize_target::run(args),
         Cmd::Calibrate(args) => calibrate::run(args),
+        Cmd::Regen(args) => regen::run(args),
         Cmd::Train(args) => train::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;

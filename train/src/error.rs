@@ -16,6 +16,10 @@ pub enum Error {
     /// A training-state directory is missing a file or holds something else.
     #[error("{}: {detail}", path.display())]
     State { path: PathBuf, detail: String },
+    /// An option, input line or output directory was refused: `what` names it (a field, an
+    /// option, `file:line`), `detail` says what was expected.
+    #[error("{what}: {detail}")]
+    Invalid { what: String, detail: String },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
 }
