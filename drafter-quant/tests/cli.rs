@@ -29,7 +29,7 @@ fn parses_defaults_and_rejects_conflicting_smoke_flags() {
 
 #[test]
 fn runs_end_to_end_with_the_default_output_dir() {
-    let s = Scratch::new("cli");
+    let s = Scratch::create("cli");
     let src = write_dspark(&s.join("drafter"), dspark_config(64));
     let args = parse(&["--src", src.to_str().unwrap(), "--bits", "8", "--group-size", "32"]).unwrap();
     quantize_drafter::run(args).unwrap();
@@ -66,7 +66,7 @@ fn snapshot(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
 
 #[test]
 fn refuses_an_out_that_is_contains_or_is_inside_the_source() {
-    let s = Scratch::new("cli-out");
+    let s = Scratch::create("cli-out");
     let src = write_dspark(&s.join("drafter"), dspark_config(64));
     std::fs::create_dir_all(s.join("sibling")).unwrap();
     std::fs::write(s.join("sibling/keep.txt"), "precious").unwrap();

@@ -17,7 +17,7 @@ fn assert_nothing_written(s: &Scratch) {
 
 #[test]
 fn refuses_a_directory_that_is_not_a_drafter() {
-    let s = Scratch::new("not-drafter");
+    let s = Scratch::create("not-drafter");
     let src = s.join("src");
     std::fs::create_dir_all(&src).unwrap();
     let e = run(&src, &s.join("q"), &opts(4, 64, Smoke::Off)).0.unwrap_err();
@@ -36,7 +36,7 @@ fn refuses_a_directory_that_is_not_a_drafter() {
 
 #[test]
 fn refuses_a_target_model_and_points_to_the_target_quantizer() {
-    let s = Scratch::new("target");
+    let s = Scratch::create("target");
     let src = write_random_checkpoint(&s.join("src"), &tiny_config_a(), 0, Dtype::Bf16, 1, true).unwrap();
     let e = run(&src, &s.join("q"), &opts(4, 64, Smoke::Off)).0.unwrap_err();
     let msg = e.to_string();
@@ -47,11 +47,11 @@ fn refuses_a_target_model_and_points_to_the_target_quantizer() {
 
 #[test]
 fn refuses_an_already_quantized_source() {
-    let s = Scratch::new("already");
+    let s = Scratch::create("already");
     let ds = write_deepspec(&s.join("ds"), &deepspec_opts());
     let dsp = write_dspark(&s.join("dsp"), dspark_config(64));
     for src in [&ds, &dsp] {
-        let q = s.join(&format!("{}-q", src.file_name().unwrap().to_string_lossy()));
+        let q = s.join(format!("{}-q", src.file_name().unwrap().to_string_lossy()));
         run(src, &q, &opts(4, 64, Smoke::Off)).0.unwrap();
         let e = run(&q, &s.join("qq"), &opts(8, 64, Smoke::Off)).0.unwrap_err();
         let msg = e.to_string();
@@ -77,7 +77,7 @@ fn refuses_an_already_quantized_source() {
 
 #[test]
 fn refuses_unsupported_bits_and_group_sizes() {
-    let s = Scratch::new("bits");
+    let s = Scratch::create("bits");
     let src = write_deepspec(&s.join("src"), &deepspec_opts());
     for bits in [2, 3, 6, 16] {
         let e = run(&src, &s.join("q"), &opts(bits, 64, Smoke::Off)).0.unwrap_err();
@@ -94,7 +94,7 @@ fn refuses_unsupported_bits_and_group_sizes() {
 
 #[test]
 fn refuses_a_deepspec_matrix_the_group_size_does_not_divide() {
-    let s = Scratch::new("div-ds");
+    let s = Scratch::create("div-ds");
     let src = write_deepspec(&s.join("src"), &SyntheticDeepSpec { intermediate_size: 96, ..deepspec_opts() });
     let e = run(&src, &s.join("q"), &opts(4, 64, Smoke::Off)).0.unwrap_err();
     let msg = e.to_string();
@@ -109,7 +109,7 @@ fn refuses_a_deepspec_matrix_the_group_size_does_not_divide() {
     // 96 is divisible by 32, so the same source quantizes at group 32.
     run(&src, &s.join("q"), &opts(4, 32, Smoke::Off)).0.unwrap();
     // The synthetic default's Markov rank 16 is refused at either group size.
-    let s = Scratch::new("div-ds-markov");
+    let s = Scratch::create("div-ds-markov");
     let src = write_deepspec(&s.join("src"), &SyntheticDeepSpec::default());
     let e = run(&src, &s.join("q"), &opts(8, 32, Smoke::Off)).0.unwrap_err();
     assert!(
@@ -121,7 +121,7 @@ fn refuses_a_deepspec_matrix_the_group_size_does_not_divide() {
 
 #[test]
 fn refuses_a_dspark_matrix_the_group_size_does_not_divide() {
-    let s = Scratch::new("div-dsp");
+    let s = Scratch::create("div-dsp");
     let src = write_dspark(&s.join("src"), dspark_config(96));
     let e = run(&src, &s.join("q"), &opts(4, 64, Smoke::Off)).0.unwrap_err();
     // d = 96: every matrix whose input is d (q, k, v, o, gate, up in both layers, out_proj) is
@@ -136,7 +136,7 @@ fn refuses_a_dspark_matrix_the_group_size_does_not_divide() {
 
 #[test]
 fn refuses_a_non_empty_output_unless_forced() {
-    let s = Scratch::new("nonempty");
+    let s = Scratch::create("nonempty");
     let src = write_deepspec(&s.join("src"), &deepspec_opts());
     let dst = s.join("q");
     std::fs::create_dir_all(&dst).unwrap();
@@ -158,7 +158,7 @@ fn refuses_a_non_empty_output_unless_forced() {
 
 #[test]
 fn refuses_to_replace_the_source() {
-    let s = Scratch::new("same");
+    let s = Scratch::create("same");
     let src = write_deepspec(&s.join("src"), &deepspec_opts());
     let forced = drafter_quant::QuantizeOptions { force: true, ..opts(4, 64, Smoke::Off) };
     for dst in [src.clone(), s.0.clone(), src.join(".")] {
@@ -170,7 +170,7 @@ fn refuses_to_replace_the_source() {
 
 #[test]
 fn a_failed_smoke_leaves_nothing_behind() {
-    let s = Scratch::new("smoke-fail");
+    let s = Scratch::create("smoke-fail");
     let src = write_deepspec(&s.join("src"), &deepspec_opts());
     let wrong = write_random_checkpoint(&s.join("wrong-target"), &tiny_config_b(), 0, Dtype::Bf16, 1, true).unwrap();
     let e = run(&src, &s.join("q"), &opts(4, 64, Smoke::Target(wrong))).0.unwrap_err();
@@ -184,7 +184,7 @@ fn a_failed_smoke_leaves_nothing_behind() {
 
 #[test]
 fn smoke_reloads_and_projects_context_for_another_target_and_drafts_on_a_given_one() {
-    let s = Scratch::new("smoke-b");
+    let s = Scratch::create("smoke-b");
     let b = tiny_config_b();
     let src = spec_decode::testing::write_synthetic_deepspec(
         &s.join("src"),

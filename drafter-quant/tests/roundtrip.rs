@@ -102,7 +102,7 @@ fn assert_progress(events: &[Progress], total: usize, kind: DrafterKind) {
 #[test]
 fn deepspec_round_trips() {
     for (bits, gs) in CASES {
-        let s = Scratch::new("ds-rt");
+        let s = Scratch::create("ds-rt");
         let src = write_deepspec(&s.join("src"), &deepspec_opts());
         let dst = s.join("q");
         let (r, events) = run(&src, &dst, &opts(bits, gs, Smoke::Auto));
@@ -171,7 +171,7 @@ fn dspark_round_trips() {
             || ["W_c", "tok_proj", "out_proj", "markov.w2"].contains(&name)
     };
     for (bits, gs) in CASES {
-        let s = Scratch::new("dsp-rt");
+        let s = Scratch::create("dsp-rt");
         let src = write_dspark(&s.join("src"), dspark_config(64));
         let dst = s.join("q");
         let (r, events) = run(&src, &dst, &opts(bits, gs, Smoke::Auto));
@@ -224,7 +224,7 @@ fn dspark_round_trips() {
 
 #[test]
 fn small_shards_are_indexed_and_load() {
-    let s = Scratch::new("shards");
+    let s = Scratch::create("shards");
     let src = write_deepspec(&s.join("src"), &deepspec_opts());
     let dst = s.join("q");
     let o = drafter_quant::QuantizeOptions { shard_bytes: 64 << 10, ..opts(4, 64, Smoke::Auto) };
@@ -250,7 +250,7 @@ fn small_shards_are_indexed_and_load() {
 
 #[test]
 fn aux_files_are_copied() {
-    let s = Scratch::new("aux");
+    let s = Scratch::create("aux");
     let src = write_deepspec(&s.join("src"), &deepspec_opts());
     std::fs::write(src.join("tokenizer.json"), "{}").unwrap();
     std::fs::write(src.join("generation_config.json"), "{\"eos_token_id\": 1}").unwrap();

@@ -9,27 +9,7 @@ use gemma4::config::tiny_config_a;
 use mlx_core::Dtype;
 use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
 
-/// A scratch directory (canonical, so path comparisons hold) removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("dspark-cli-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Scratch(dir.canonicalize().expect("canonical scratch"))
-    }
-
-    fn join(&self, p: &str) -> PathBuf {
-        self.0.join(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use gemma4::testing::Scratch;
 
 /// A tiny random target (tiny config A, with a tokenizer) in `dir`.
 fn write_target(dir: &Path) -> PathBuf {
@@ -90,7 +70,7 @@ fn s(p: &Path) -> &str {
 
 #[test]
 fn quantize_target_refuses_an_out_that_is_contains_or_is_inside_the_model() {
-    let sc = Scratch::new("qt-out");
+    let sc = Scratch::create("qt-out");
     let model = write_target(&sc.join("model"));
     std::fs::create_dir_all(sc.join("sibling")).unwrap();
     std::fs::write(sc.join("sibling/keep.txt"), "precious").unwrap();
@@ -113,7 +93,7 @@ fn quantize_target_refuses_an_out_that_is_contains_or_is_inside_the_model() {
 
 #[test]
 fn quantize_target_still_writes_a_sibling_out() {
-    let sc = Scratch::new("qt-ok");
+    let sc = Scratch::create("qt-ok");
     let model = write_target(&sc.join("model"));
     let out = sc.join("model-q8");
     let r = dspark(&sc.join("home"), &["quantize-target", "--model", s(&model), "--out", s(&out), "--bits", "8"]);
@@ -123,7 +103,7 @@ fn quantize_target_still_writes_a_sibling_out() {
 
 #[test]
 fn a_drafter_passed_as_model_is_named_as_such() {
-    let sc = Scratch::new("drafter-as-model");
+    let sc = Scratch::create("drafter-as-model");
     let drafter = write_drafter(&sc.join("drafter"));
     let home = sc.join("home");
     let r = dspark(&home, &["generate", "--model", s(&drafter), "--tokens", "5 6"]);
@@ -137,7 +117,7 @@ fn a_drafter_passed_as_model_is_named_as_such() {
 
 #[test]
 fn drafter_options_without_a_drafter_are_refused() {
-    let sc = Scratch::new("needs-drafter");
+    let sc = Scratch::create("needs-drafter");
     let home = sc.join("home");
     for flags in [&["--gamma", "3"][..], &["--min-conf", "0.5"], &["--calibrated"]] {
         let mut args = vec!["generate", "--tokens", "5 6", "--max-tokens", "2"];
@@ -150,7 +130,7 @@ fn drafter_options_without_a_drafter_are_refused() {
 
 #[test]
 fn negative_values_reach_the_range_checks() {
-    let sc = Scratch::new("negative");
+    let sc = Scratch::create("negative");
     let home = sc.join("home");
     let r = dspark(&home, &["generate", "--tokens", "5", "--temperature", "-1"]);
     fails_with(&r, &["temperature must be ≥ 0, got -1"]);
@@ -167,7 +147,7 @@ fn negative_values_reach_the_range_checks() {
 
 #[test]
 fn calibrate_refuses_bad_flags_before_writing_anything() {
-    let sc = Scratch::new("calibrate-flags");
+    let sc = Scratch::create("calibrate-flags");
     let model = write_target(&sc.join("model"));
     let drafter = write_drafter(&sc.join("drafter"));
     let home = sc.join("home");
@@ -195,7 +175,7 @@ fn calibrate_refuses_bad_flags_before_writing_anything() {
 
 #[test]
 fn calibrate_refuses_the_default_drafter_for_another_model() {
-    let sc = Scratch::new("calibrate-default");
+    let sc = Scratch::create("calibrate-default");
     let model = write_target(&sc.join("model"));
     let home = sc.join("home");
     let r = dspark(&home, &["calibrate", "--model", s(&model), "--drafter", "default", "--force"]);
@@ -205,7 +185,7 @@ fn calibrate_refuses_the_default_drafter_for_another_model() {
 
 #[test]
 fn without_config_eos_ids_the_tokenizer_eos_stops_and_an_id_prompt_still_prints_ids() {
-    let sc = Scratch::new("eos-fallback");
+    let sc = Scratch::create("eos-fallback");
     let mut cfg = tiny_config_a();
     cfg.eos_token_ids = vec![];
     let model = write_random_checkpoint(&sc.join("model"), &cfg, 3, Dtype::Bf16, 1, false).expect("target");

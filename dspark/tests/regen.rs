@@ -2,7 +2,7 @@
 //! everything, `--from-text`, and refusals that name the flag or the file and line and leave
 //! `--out` unwritten.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use gemma4::checkpoint::write_random_checkpoint;
@@ -10,27 +10,7 @@ use gemma4::config::tiny_config_a;
 use mlx_core::Dtype;
 use train::shards::{list_shards, read_shard, TargetId};
 
-/// A scratch directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("dspark-regen-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Scratch(dir)
-    }
-
-    fn join(&self, p: &str) -> PathBuf {
-        self.0.join(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use gemma4::testing::Scratch;
 
 fn dspark(home: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dspark")).args(args).env("DSPARK_HOME", home).output().expect("run dspark")
@@ -55,7 +35,7 @@ fn fails_with(out: &Output, needles: &[&str]) {
 
 #[test]
 fn regen_writes_shards_resumes_and_reads_documents() {
-    let sc = Scratch::new("ok");
+    let sc = Scratch::create("ok");
     let model = write_random_checkpoint(&sc.join("model"), &tiny_config_a(), 3, Dtype::Bf16, 1, false).unwrap();
     let prompts = sc.join("prompts.jsonl");
     std::fs::write(&prompts, "t5 t6 t7\n{\"prompt\": \"t8 t9\"}\n\nt10\n").unwrap();
@@ -93,7 +73,7 @@ fn regen_writes_shards_resumes_and_reads_documents() {
 
 #[test]
 fn regen_refusals_name_the_flag_or_line_and_write_nothing() {
-    let sc = Scratch::new("bad");
+    let sc = Scratch::create("bad");
     let model = write_random_checkpoint(&sc.join("model"), &tiny_config_a(), 3, Dtype::Bf16, 1, false).unwrap();
     let home = sc.join("home");
     let prompts = sc.join("prompts.jsonl");

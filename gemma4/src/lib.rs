@@ -19,6 +19,8 @@ pub mod rope;
 pub mod sampling;
 pub mod staging;
 mod tap;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokenizer;
 pub mod weights;
 

@@ -29,9 +29,7 @@ use spec_decode::{DraftRequest, DraftSampling, Drafter, Proposal};
 fn scratch(name: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("deepspec-test-{}-{name}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    gemma4::testing::scratch(&format!("deepspec-{name}-{n}"))
 }
 
 struct Fx {

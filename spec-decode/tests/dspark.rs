@@ -13,9 +13,7 @@ use spec_decode::loader::{detect, load_drafter, DrafterKind};
 use spec_decode::{DraftRequest, DraftSampling, Drafter, Error};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dspark-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    gemma4::testing::scratch(&format!("dspark-{name}"))
 }
 
 fn target_dir() -> &'static PathBuf {

@@ -17,8 +17,7 @@ use spec_decode::{DraftRequest, DraftSampling, Drafter};
 fn target() -> Model {
     static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
-        let dir =
-            std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dspark-train-{}", std::process::id()));
+        let dir = gemma4::testing::scratch("dspark-train-target");
         write_random_checkpoint(&dir, &tiny_config_a(), 11, Dtype::F32, 1, true).unwrap()
     });
     Model::load(dir).unwrap()

@@ -16,7 +16,7 @@ use spec_decode::{speculative_generate, Drafter, Pruning, SpecConfig};
 fn target() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("spec-tiny-a-{}", std::process::id()));
+        let dir = gemma4::testing::scratch("spec-tiny-a");
         write_random_checkpoint(&dir, &tiny_config_a(), 1234, Dtype::Bf16, 1, true).unwrap()
     })
 }

@@ -7,12 +7,7 @@ use gemma4::checkpoint::write_random_checkpoint;
 use gemma4::TextConfig;
 use mlx_core::Dtype;
 
-/// A fresh scratch directory under `base` for this process.
-pub fn scratch(base: &Path, name: &str) -> PathBuf {
-    let d = base.join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
+pub use gemma4::testing::scratch;
 
 /// Writes (once per path) a random-weight target checkpoint.
 pub fn target_checkpoint(dir: &Path, cfg: &TextConfig, seed: u64) -> PathBuf {

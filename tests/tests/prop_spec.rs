@@ -19,11 +19,7 @@ use spec_decode::{speculative_generate, DraftRequest, Drafter, Proposal, Pruning
 
 fn target_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        target_checkpoint(&scratch(&base, "prop-spec-target-a"), &tiny_config_a(), 77)
-    })
-    .clone()
+    DIR.get_or_init(|| target_checkpoint(&scratch("prop-spec-target-a"), &tiny_config_a(), 77)).clone()
 }
 
 /// Wraps a drafter and checks the context invariant at every call.

@@ -22,9 +22,7 @@ fn seq(base: usize, len: usize, resp: usize) -> Sequence {
 }
 
 fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("train-data-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    gemma4::testing::scratch(&format!("train-data-{name}"))
 }
 
 #[test]

@@ -14,9 +14,7 @@ use train::drafter_train::{split_shards, train_drafter, DrafterTrainConfig};
 use train::shards::{write_shard, Sequence, TargetId};
 
 fn scratch(name: &str) -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("drafter-train-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    gemma4::testing::scratch(&format!("drafter-train-{name}"))
 }
 
 fn drafter_cfg(taps: Vec<usize>) -> DSparkConfig {

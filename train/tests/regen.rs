@@ -2,7 +2,7 @@
 //! tapped forward produce, reruns resume from the ledger, and bad settings, inputs and output
 //! directories are refused before anything is written.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use gemma4::checkpoint::write_random_checkpoint;
 use gemma4::config::tiny_config_a;
@@ -16,26 +16,7 @@ use train::regen::{
 };
 use train::shards::{list_shards, read_shard, write_shard, Sequence, TargetId};
 
-/// A scratch directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let d = std::env::temp_dir().join(format!("train-regen-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Scratch(d)
-    }
-    fn join(&self, p: &str) -> PathBuf {
-        self.0.join(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use gemma4::testing::Scratch;
 
 fn target(s: &Scratch) -> (Model, Tokenizer) {
     let dir = write_random_checkpoint(&s.join("target"), &tiny_config_a(), 7, Dtype::Bf16, 1, true).unwrap();
@@ -90,7 +71,7 @@ fn shard_names(out: &Path) -> Vec<String> {
 
 #[test]
 fn shards_hold_generate_output_and_fresh_tapped_rows() {
-    let s = Scratch::new("exact");
+    let s = Scratch::create("exact");
     let (m, tok) = target(&s);
     let taps = default_taps(m.config().num_hidden_layers);
     assert_eq!(taps, vec![1, 3, 4, 6]);
@@ -128,7 +109,7 @@ fn shards_hold_generate_output_and_fresh_tapped_rows() {
 
 #[test]
 fn sampling_uses_seed_plus_item_index() {
-    let s = Scratch::new("sample");
+    let s = Scratch::create("sample");
     let (m, tok) = target(&s);
     let out = s.join("data");
     let o = RegenOptions { mode: RegenMode::Generate { max_new: 10, temperature: 1.5, seed: 40 }, ..opts(vec![6], 8) };
@@ -150,7 +131,7 @@ fn sampling_uses_seed_plus_item_index() {
 
 #[test]
 fn rerun_skips_committed_prompts_and_crash_leftovers_are_redone() {
-    let s = Scratch::new("resume");
+    let s = Scratch::create("resume");
     let (m, tok) = target(&s);
     let out = s.join("data");
     let o = opts(vec![2, 6], 2);
@@ -207,7 +188,7 @@ fn rerun_skips_committed_prompts_and_crash_leftovers_are_redone() {
 
 #[test]
 fn taps_without_the_final_norm_are_refused() {
-    let s = Scratch::new("taps");
+    let s = Scratch::create("taps");
     let (m, tok) = target(&s);
     let out = s.join("data");
     for (taps, want) in [
@@ -225,7 +206,7 @@ fn taps_without_the_final_norm_are_refused() {
 
 #[test]
 fn foreign_and_non_regen_output_directories_are_refused() {
-    let s = Scratch::new("foreign");
+    let s = Scratch::create("foreign");
     let (m, tok) = target(&s);
     let out = s.join("data");
     // Shards of another target (hidden size 8) with the same taps.
@@ -256,7 +237,7 @@ fn foreign_and_non_regen_output_directories_are_refused() {
 
 #[test]
 fn input_lines_are_json_or_text_and_bad_ones_name_file_and_line() {
-    let s = Scratch::new("inputs");
+    let s = Scratch::create("inputs");
     let f = s.join("prompts.jsonl");
     std::fs::write(&f, "{\"prompt\": \"t5 t6\"}\nt7 t8\n\n  {\"prompt\": \"t9\", \"x\": 1}\n").unwrap();
     assert_eq!(read_inputs(&f, "prompt").unwrap(), ["t5 t6", "t7 t8", "t9"]);
@@ -264,7 +245,7 @@ fn input_lines_are_json_or_text_and_bad_ones_name_file_and_line() {
     let at = |n: usize| format!("{}:{n}", f.display());
     assert_eq!(labelled.iter().map(|(l, _)| l.clone()).collect::<Vec<_>>(), [at(1), at(2), at(4)]);
     // Errors about an item name its line.
-    let s2 = Scratch::new("inputs-model");
+    let s2 = Scratch::create("inputs-model");
     let (m, tok) = target(&s2);
     std::fs::write(&f, "t5 t6\n\n{\"prompt\": \"   \"}\n").unwrap();
     let (labels, items): (Vec<String>, Vec<String>) = read_input_lines(&f, "prompt").unwrap().into_iter().unzip();
@@ -289,7 +270,7 @@ fn input_lines_are_json_or_text_and_bad_ones_name_file_and_line() {
 
 #[test]
 fn from_text_teacher_forces_pieces_with_every_position_an_anchor() {
-    let s = Scratch::new("text");
+    let s = Scratch::create("text");
     let (m, tok) = target(&s);
     let out = s.join("data");
     let doc = |n: usize, base: usize| (0..n).map(|j| format!("t{}", base + j)).collect::<Vec<_>>().join(" ");
@@ -314,7 +295,7 @@ fn from_text_teacher_forces_pieces_with_every_position_an_anchor() {
 
 #[test]
 fn chat_template_is_applied_and_ids_without_a_tokenizer_are_read() {
-    let s = Scratch::new("chat");
+    let s = Scratch::create("chat");
     let (_, _) = target(&s);
     let dir = s.join("target");
     let cfg = std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap();

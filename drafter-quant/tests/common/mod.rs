@@ -11,41 +11,7 @@ use mlx_core::Array;
 use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
 use spec_decode::testing::{write_synthetic_deepspec, SyntheticDeepSpec};
 
-/// A scratch directory removed on drop.
-pub struct Scratch(pub PathBuf);
-
-impl Scratch {
-    pub fn new(tag: &str) -> Scratch {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("drafter-quant-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Scratch(dir)
-    }
-
-    pub fn join(&self, p: &str) -> PathBuf {
-        self.0.join(p)
-    }
-
-    /// Names of every entry in the scratch dir (to spot staging leftovers).
-    pub fn entries(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(&self.0)
-            .expect("read scratch")
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use gemma4::testing::Scratch;
 
 /// The synthetic DeepSpec for tiny config A, with a Markov rank every group size divides.
 pub fn deepspec_opts() -> SyntheticDeepSpec {

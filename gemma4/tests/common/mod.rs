@@ -6,7 +6,6 @@
 
 #![allow(dead_code)]
 
-use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -14,69 +13,17 @@ use gemma4::checkpoint::write_random_checkpoint;
 use gemma4::config::{tiny_config_a, tiny_config_b, tiny_config_moe_top8};
 use mlx_core::Dtype;
 
-const ROOT_PREFIX: &str = "gemma4-tests-";
-
-/// This process's scratch root.
-pub fn root() -> &'static PathBuf {
-    static ROOT: OnceLock<PathBuf> = OnceLock::new();
-    ROOT.get_or_init(|| {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let me = std::process::id();
-        if Path::new("/proc/self").exists() {
-            for e in std::fs::read_dir(&base).into_iter().flatten().flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let pid = name.strip_prefix(ROOT_PREFIX).and_then(|p| p.parse::<u32>().ok());
-                if pid.is_some_and(|p| p != me && !Path::new(&format!("/proc/{p}")).exists()) {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
-        let r = base.join(format!("{ROOT_PREFIX}{me}"));
-        std::fs::create_dir_all(&r).unwrap();
-        r
-    })
-}
+#[allow(unused_imports)] // not every test binary uses every fixture
+pub use gemma4::testing::{scratch_root as root, Scratch};
 
 /// A path under the root for something kept until the process ends (cached checkpoints).
 pub fn scratch(name: &str) -> PathBuf {
-    root().join(name)
-}
-
-/// A scratch directory (not created) that is removed when dropped.
-pub struct Scratch(PathBuf);
-
-impl Scratch {
-    pub fn new(name: &str) -> Scratch {
-        let p = root().join(name);
-        if p.exists() {
-            std::fs::remove_dir_all(&p).unwrap();
-        }
-        Scratch(p)
-    }
-}
-
-impl Deref for Scratch {
-    type Target = PathBuf;
-    fn deref(&self) -> &PathBuf {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    gemma4::testing::scratch(name)
 }
 
 /// A fresh copy of the flat directory `src` at scratch `name`.
 pub fn copy_of(src: &Path, name: &str) -> Scratch {
-    let dst = Scratch::new(name);
-    std::fs::create_dir_all(&*dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
-    }
-    dst
+    gemma4::testing::copy_of(src, name).unwrap()
 }
 
 /// Config A, bf16, two shards.
