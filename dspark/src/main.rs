@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use dspark::{calibrate, default_model, generate, quantize_drafter, quantize_target, regen, train};
+use dspark::{calibrate, default_model, eval_drafter, generate, quantize_drafter, quantize_target, regen, train};
 
 #[derive(Parser)]
 #[command(name = "dspark", version, about = "Gemma-4 on MLX with lossless speculative decoding")]
@@ -27,6 +27,8 @@ enum Cmd {
     Regen(regen::Args),
     /// Train a DSpark drafter for a target on shards written by `dspark regen`.
     Train(train::Args),
+    /// Live τ (greedy and sampled) next to analytic τ for a DSpark drafter on held-out prompts.
+    EvalDrafter(eval_drafter::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
     InitDefault {
         /// Replace an existing default checkpoint.
@@ -43,6 +45,7 @@ fn main() -> Result<()> {
         Cmd::Calibrate(args) => calibrate::run(args),
         Cmd::Regen(args) => regen::run(args),
         Cmd::Train(args) => train::run(args),
+        Cmd::EvalDrafter(args) => eval_drafter::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;
             let drafter = default_model::ensure_drafter(&dir, force)?;

@@ -194,6 +194,15 @@ pub fn check_positions(model: &Model, prompt_tokens: usize, max_tokens: usize) -
 }
 
 /// Generates from `prompt`, calling `on_token` with each token as soon as it is known.
+///
+/// ```no_run
+/// use gemma4::generate::{generate, GenerateConfig};
+/// let model = gemma4::Model::load(std::path::Path::new("gemma-4-e2b-it"))?;
+/// let cfg = GenerateConfig { max_tokens: 64, stop_tokens: model.config().eos_token_ids.clone(), ..Default::default() };
+/// let out = generate(&model, &[2, 651, 6037], &cfg, |t| print!("{t} "))?;
+/// println!("\n{} tokens at {:.1} tok/s", out.tokens.len(), out.stats.decode_tok_per_s());
+/// # Ok::<(), gemma4::Error>(())
+/// ```
 pub fn generate(
     model: &Model,
     prompt: &[u32],

@@ -1,6 +1,20 @@
 //! The Gemma-4 text model on MLX, at bit parity with mlx-lm 0.32.2:
 //! config and checkpoint loading (HF and MLX-community layouts, bf16 and MLX-quantized), a
 //! forward with a hidden-state tap, KV caches with rollback, and plain generation.
+//!
+//! ```no_run
+//! use gemma4::generate::{generate, GenerateConfig};
+//! use gemma4::tokenizer::{stop_tokens, Tokenizer};
+//!
+//! let dir = std::path::Path::new("gemma-4-e2b-it");
+//! let model = gemma4::Model::load(dir)?;
+//! let tok = Tokenizer::from_dir(dir)?;
+//! let prompt = tok.encode("The capital of France is", true)?;
+//! let cfg = GenerateConfig { max_tokens: 32, stop_tokens: stop_tokens(model.config(), Some(&tok)), ..Default::default() };
+//! let out = generate(&model, &prompt, &cfg, |_| {})?;
+//! println!("{}", tok.decode(&out.tokens)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 
 mod attention;

@@ -44,6 +44,12 @@ pub struct Model {
 
 impl Model {
     /// Reads `dir/config.json` and the weights. A drafter checkpoint is refused as such.
+    ///
+    /// ```no_run
+    /// let model = gemma4::Model::load(std::path::Path::new("gemma-4-e2b-it"))?;
+    /// println!("{} layers, vocabulary {}", model.config().num_hidden_layers, model.config().vocab_size);
+    /// # Ok::<(), gemma4::Error>(())
+    /// ```
     pub fn load(dir: &Path) -> Result<Model> {
         refuse_drafter(dir)?;
         let cfg = TextConfig::from_dir(dir)?;

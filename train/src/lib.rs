@@ -21,6 +21,7 @@ pub mod analytic;
 mod clip;
 pub mod drafter_train;
 mod error;
+pub mod live;
 pub mod regen;
 mod rng;
 pub mod sampler;
