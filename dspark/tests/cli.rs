@@ -18,17 +18,7 @@ fn write_target(dir: &Path) -> PathBuf {
 
 /// A random DSpark drafter for tiny config A in `dir`.
 fn write_drafter(dir: &Path) -> PathBuf {
-    let cfg = DSparkConfig {
-        gamma: 4,
-        d_draft: 64,
-        n_layers: 2,
-        n_heads: 4,
-        markov_rank: 64,
-        ff_mult: 2,
-        tap_layers: vec![1, 3, 6],
-        seq_head: None,
-        sts: None,
-    };
+    let cfg = DSparkConfig { markov_rank: 64, ..DSparkConfig::with_taps(vec![1, 3, 6]) };
     DSparkDrafter::init(cfg, &tiny_config_a(), "tiny", 7, true).expect("init").save(dir, false).expect("save")
 }
 

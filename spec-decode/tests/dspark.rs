@@ -27,17 +27,7 @@ fn target() -> (&'static PathBuf, Model) {
 }
 
 fn cfg(gamma: usize, taps: Vec<usize>) -> DSparkConfig {
-    DSparkConfig {
-        gamma,
-        d_draft: 64,
-        n_layers: 2,
-        n_heads: 4,
-        markov_rank: 16,
-        ff_mult: 2,
-        tap_layers: taps,
-        seq_head: None,
-        sts: None,
-    }
+    DSparkConfig { gamma, ..DSparkConfig::with_taps(taps) }
 }
 
 fn tapped_rows(m: &Model, d: &dyn Drafter, ids: &[u32]) -> Array {

@@ -27,17 +27,7 @@ fn prompt(n: usize) -> Vec<u32> {
 
 fn small_dspark(model: &Model, gamma: usize) -> DSparkDrafter {
     let n = model.config().num_hidden_layers;
-    let cfg = DSparkConfig {
-        gamma,
-        d_draft: 64,
-        n_layers: 2,
-        n_heads: 4,
-        markov_rank: 16,
-        ff_mult: 2,
-        tap_layers: vec![1, 3, n],
-        seq_head: None,
-        sts: None,
-    };
+    let cfg = DSparkConfig { gamma, ..DSparkConfig::with_taps(vec![1, 3, n]) };
     DSparkDrafter::init(cfg, model.config(), "tiny-a", 7, true).unwrap()
 }
 

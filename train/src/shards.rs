@@ -44,6 +44,20 @@ pub struct ShardMeta {
     pub n_tokens: usize,
 }
 
+impl ShardMeta {
+    /// The descriptor of a shard of this format version.
+    pub fn new(target: &TargetId, taps: &[usize], n_seq: usize, n_tokens: usize) -> ShardMeta {
+        ShardMeta {
+            format: SHARD_FORMAT.into(),
+            version: SHARD_VERSION,
+            target: target.clone(),
+            tap_layers: taps.to_vec(),
+            n_seq,
+            n_tokens,
+        }
+    }
+}
+
 /// One regenerated sequence.
 #[derive(Clone, Debug)]
 pub struct Sequence {
@@ -80,14 +94,7 @@ impl Shard {
                 span
             })
             .collect();
-        let meta = ShardMeta {
-            format: SHARD_FORMAT.into(),
-            version: SHARD_VERSION,
-            target: target.clone(),
-            tap_layers: taps.to_vec(),
-            n_seq: seqs.len(),
-            n_tokens: ids.len(),
-        };
+        let meta = ShardMeta::new(target, taps, seqs.len(), ids.len());
         Ok(Shard { path: PathBuf::from("<in memory>"), meta, rows, ids, seqs: spans })
     }
 }
@@ -132,14 +139,7 @@ pub fn write_shard(
         [("rows", &rows), ("ids", &ids), ("seq_lens", &lens), ("resp_starts", &starts)],
         &Default::default(),
     )?;
-    let meta = ShardMeta {
-        format: SHARD_FORMAT.into(),
-        version: SHARD_VERSION,
-        target: target.clone(),
-        tap_layers: taps.to_vec(),
-        n_seq: seqs.len(),
-        n_tokens,
-    };
+    let meta = ShardMeta::new(target, taps, seqs.len(), n_tokens);
     let v = serde_json::to_value(&meta).map_err(|e| Error::State { path: dir.clone(), detail: e.to_string() })?;
     write_json(&staged.path().join("shard.json"), &v)?;
     Ok(staged.commit()?)

@@ -24,17 +24,7 @@ pub fn write_deepspec(dir: &Path, opts: &SyntheticDeepSpec) -> PathBuf {
 
 /// A DSpark config for tiny config A (taps 1, 3 and the post-norm sentinel 6).
 pub fn dspark_config(d_draft: usize) -> DSparkConfig {
-    DSparkConfig {
-        gamma: 4,
-        d_draft,
-        n_layers: 2,
-        n_heads: 4,
-        markov_rank: 64,
-        ff_mult: 2,
-        tap_layers: vec![1, 3, 6],
-        seq_head: None,
-        sts: None,
-    }
+    DSparkConfig { d_draft, markov_rank: 64, ..DSparkConfig::with_taps(vec![1, 3, 6]) }
 }
 
 pub fn write_dspark(dir: &Path, cfg: DSparkConfig) -> PathBuf {

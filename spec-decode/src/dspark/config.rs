@@ -82,6 +82,22 @@ pub struct Descriptor {
 }
 
 impl DSparkConfig {
+    /// A small module reading `tap_layers` (γ 4, width 64, 2 layers of 4 heads, Markov rank 16,
+    /// MLP 2×), to adjust with struct update syntax.
+    pub fn with_taps(tap_layers: Vec<usize>) -> DSparkConfig {
+        DSparkConfig {
+            gamma: 4,
+            d_draft: 64,
+            n_layers: 2,
+            n_heads: 4,
+            markov_rank: 16,
+            ff_mult: 2,
+            tap_layers,
+            seq_head: None,
+            sts: None,
+        }
+    }
+
     /// Checks internal consistency.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |d: String| Err(Error::checkpoint(path, d));
