@@ -135,7 +135,15 @@ pub fn run(a: Args) -> Result<()> {
         bar.set_message(format!("{rate:.1} tok/s, {} shards", p.shards));
     });
     bar.finish_and_clear();
-    let s = result?;
+    // The library says when starting over must be forced; on the command line that is --force.
+    let s = result.map_err(|e| {
+        let forced = e.to_string().contains("forced") || e.to_string().contains("not a regen directory");
+        if forced {
+            anyhow::Error::new(e).context(format!("regen into {} (--force starts over)", a.out.display()))
+        } else {
+            e.into()
+        }
+    })?;
     let removed = if s.orphans_removed > 0 {
         format!(", {} unrecorded shards of an interrupted run removed and redone", s.orphans_removed)
     } else {

@@ -434,7 +434,7 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
             return Err(Error::Invalid {
                 what: format!("output directory {}", out.display()),
                 detail: format!(
-                    "it is not empty and holds no {LEDGER}, so it is not a regen directory (use --force to start over)"
+                    "it is not empty and holds no {LEDGER}, so it is not a regen directory (starting over must be forced)"
                 ),
             });
         }
@@ -447,7 +447,10 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
     let at = |n: usize| format!("{}:{}", ledger_path.display(), n + 1);
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     let Some((n0, first)) = lines.next() else {
-        return Err(Error::Invalid { what: at(0), detail: "the ledger is empty (use --force to start over)".into() });
+        return Err(Error::Invalid {
+            what: at(0),
+            detail: "the ledger is empty (starting over must be forced)".into(),
+        });
     };
     let old: LedgerHeader = serde_json::from_str(first)
         .map_err(|e| Error::Invalid { what: at(n0), detail: format!("not a regen ledger header: {e}") })?;
@@ -470,7 +473,7 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
                 what: at(n0),
                 detail: format!(
                     "this directory was regenerated with {field} {was}, this run asks for {now} (use the same \
-                     settings, another --out, or --force to start over)"
+                     settings, another output directory, or start over, forced)"
                 ),
             });
         }
@@ -484,7 +487,7 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
         if e.items.len() != e.hashes.len() || named.contains(&e.shard) {
             return Err(Error::Invalid {
                 what: at(n),
-                detail: format!("entry of shard {} is inconsistent (use --force to start over)", e.shard),
+                detail: format!("entry of shard {} is inconsistent (starting over must be forced)", e.shard),
             });
         }
         // A shard the ledger names but that is gone: its items are regenerated.
@@ -569,8 +572,8 @@ pub fn regen(
             return Err(Error::Invalid {
                 what: format!("input item {i}"),
                 detail: format!(
-                    "{} holds item {i}, but there are only {} items now (the input file changed; use --force to \
-                     start over, or another --out)",
+                    "{} holds item {i}, but there are only {} items now (the input file changed: start over, forced, or write \
+                     elsewhere)",
                     shard.display(),
                     inputs.len()
                 ),
@@ -580,8 +583,8 @@ pub fn regen(
             return Err(Error::Invalid {
                 what: opts.label(i),
                 detail: format!(
-                    "differs from item {i} that {} was regenerated from (the input file changed; use --force to \
-                     start over, or another --out)",
+                    "differs from item {i} that {} was regenerated from (the input file changed: start over, forced, or write \
+                     elsewhere)",
                     shard.display()
                 ),
             });

@@ -222,7 +222,7 @@ fn foreign_and_non_regen_output_directories_are_refused() {
     std::fs::create_dir_all(&other_dir).unwrap();
     std::fs::write(other_dir.join("readme.txt"), "mine").unwrap();
     let e = run(&m, &tok, &prompts(), &other_dir, &opts(vec![6], 4)).unwrap_err().to_string();
-    assert!(e.contains("not a regen directory") && e.contains("--force"), "{e}");
+    assert!(e.contains("not a regen directory") && e.contains("forced"), "{e}");
     run(&m, &tok, &prompts()[..1], &other_dir, &RegenOptions { force: true, ..opts(vec![6], 4) }).unwrap();
     assert_eq!(
         std::fs::read_to_string(other_dir.join("readme.txt")).unwrap(),
