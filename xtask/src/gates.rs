@@ -84,13 +84,14 @@ fn targets(root: &Path) -> Result<Vec<Target>> {
     let b_q4 = quantize_checkpoint(&b16, &root.join("tiny-b-q4"), 4, 64, true)?;
     // Top-8 of 16 experts: a batched verify of 8 rows routes 64 (token, expert) pairs, where
     // MLX switches to sorted expert kernels; the stepwise verify must not.
-    let moe8 = write_random_checkpoint(&root.join("tiny-moe-top8"), &tiny_config_moe_top8(), 77, Dtype::Bf16, 1, true)?;
+    // f32: MLX's CPU gather_mm (dense experts) supports only float32.
+    let moe8 = write_random_checkpoint(&root.join("tiny-moe-top8"), &tiny_config_moe_top8(), 77, Dtype::F32, 1, true)?;
     Ok(vec![
         Target { name: "A bf16", dir: a },
         Target { name: "A q4", dir: a_q4 },
         Target { name: "B f32 (MoE)", dir: b },
         Target { name: "B q4 (MoE)", dir: b_q4 },
-        Target { name: "MoE top-8 bf16", dir: moe8 },
+        Target { name: "MoE top-8 f32", dir: moe8 },
     ])
 }
 
