@@ -66,6 +66,56 @@ fn fitted_dspark(model: &Model) -> Result<DSparkDrafter> {
     Ok(fit_bigram_drafter(model, "tiny", &prompts, 64, 7)?)
 }
 
+/// A DSpark drafter trained by this project's pipeline (the target's own continuations as
+/// tapped shards, then `train::drafter_train`), once per gate root: `<root>/trained-NAME/best`.
+fn trained_dspark(model: &Model, root: &Path, name: &str) -> Result<PathBuf> {
+    use gemma4::generate::ids_array;
+    use train::drafter_train::{train_drafter, DrafterTrainConfig};
+    use train::shards::{write_shard, Sequence, TargetId};
+    let dir = root.join(format!("trained-{name}"));
+    let best = dir.join("run/best");
+    if best.join("dspark.json").is_file() {
+        return Ok(best);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let (v, n) = (model.config().vocab_size as u32, model.config().num_hidden_layers);
+    let cfg = DSparkConfig { gamma: 7, d_draft: 32, n_layers: 1, ..DSparkConfig::with_taps(vec![n / 2, n]) };
+    let taps = cfg.tap_set(n);
+    for s in 0..4u32 {
+        let seqs = (0..3u32)
+            .map(|i| -> Result<Sequence> {
+                let p: Vec<u32> = (0..6).map(|j| 4 + ((s * 3 + i) * 97 + j * 31) % (v - 4)).collect();
+                let gen = GenerateConfig { max_tokens: 40, ..Default::default() };
+                let ids = [p.clone(), generate(model, &p, &gen, |_| {})?.tokens].concat();
+                let rows = model.forward_tapped(&ids_array(&ids)?, None, &taps)?.taps.context("no taps")?;
+                Ok(Sequence { resp_start: p.len(), rows: rows.squeeze(0)?, ids })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        write_shard(&dir.join("data"), s as usize, &TargetId::of(model.config()), &cfg.tap_layers, &seqs)?;
+    }
+    let init = DSparkDrafter::init(cfg, model.config(), name, 3, false)?;
+    let tc = DrafterTrainConfig {
+        steps: 120,
+        batch: 16,
+        lr: 1e-2,
+        warmup: 10,
+        max_ctx: 32,
+        eval_every: 40,
+        eval_batches: 2,
+        ..Default::default()
+    };
+    let r = train_drafter(model, &init, &dir.join("data"), &dir.join("run"), &tc, false, |_| {})?;
+    println!(
+        "trained drafter for {name}: {} steps, loss {:.3} -> {:.3}, validation τ {:.3} -> {:.3}",
+        r.steps,
+        r.first_loss,
+        r.last_loss,
+        r.initial.tau,
+        r.best.as_ref().map_or(f64::NAN, |b| b.tau)
+    );
+    Ok(r.best_dir)
+}
+
 fn spec_cfg(gamma: usize, max_tokens: usize, sampler: SamplerConfig, seed: u64, pruning: Pruning) -> SpecConfig {
     let generate = GenerateConfig { max_tokens, sampler, seed, ..Default::default() };
     SpecConfig { generate, gamma: Some(gamma), pruning }
@@ -126,6 +176,8 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
             cfg,
             &ds_opts,
         )?;
+        // A drafter trained by the project's own pipeline joins on the first target.
+        let trained_dir = if t.name == "A bf16" { Some(trained_dspark(&model, root, "tiny-a-bf16")?) } else { None };
         let fitted = fitted_dspark(&model)?;
         let fitted_dir = fitted
             .save(&root.join(format!("fitted-{}", t.dir.file_name().and_then(|f| f.to_str()).unwrap_or("t"))), true)?;
@@ -148,6 +200,13 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
                 ),
                 ("self (target continuation)".into(), Box::new(SelfDrafter::new(7)), vec![Pruning::Off]),
             ];
+            if let Some(dir) = &trained_dir {
+                drafters.push((
+                    "dspark (trained)".into(),
+                    Box::new(DSparkDrafter::load(dir, cfg)?),
+                    vec![Pruning::Off, Pruning::MinConf(0.3)],
+                ));
+            }
             for (name, drafter, prunings) in drafters.iter_mut() {
                 let mut unpruned_drafted = None;
                 for pruning in prunings.iter() {
