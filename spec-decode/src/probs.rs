@@ -4,7 +4,6 @@
 //! logits arrive in f32 and stay f32 (sampling drafts from bf16 logits biases q).
 
 use gemma4::sampling::{filter, logprobs, SamplerConfig};
-use mlx_core::random::categorical;
 use mlx_core::{Array, Dtype};
 
 use crate::error::Result;
@@ -19,9 +18,4 @@ pub fn processed_logits(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
 /// The distribution a sampler draws from // `[.., V]` f32
 pub fn probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
     Ok(processed_logits(logits, cfg)?.softmax(&[-1], true)?)
-}
-
-/// Draws one token per row from the processed distribution // `[.., V]` -> [..] uint32
-pub fn sample(logits: &Array, cfg: &SamplerConfig, key: &Array) -> Result<Array> {
-    Ok(categorical(&processed_logits(logits, cfg)?, -1, key)?)
 }

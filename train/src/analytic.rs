@@ -24,13 +24,13 @@ pub fn analytic_all(
     if n == 0 {
         return Err(Error::Mismatch { what: "analytic τ", detail: format!("no anchor has {gamma} tokens after it") });
     }
-    let params = drafter.trainable_params().map_err(spec)?;
+    let params = drafter.trainable_params()?;
     let (mut tau, mut loss, mut acc) = (0.0, 0.0, vec![0.0; gamma]);
     let picks: Vec<usize> = (0..n).collect();
     for chunk in picks.chunks(batch.max(1)) {
         let b = batch_at(shard, chunk, gamma, max_ctx)?;
-        let f = forward_train(drafter.config(), drafter.dims(), &params, target, &b).map_err(spec)?;
-        let t = dspark_loss(&f, target, &b, &LossWeights::default()).map_err(spec)?;
+        let f = forward_train(drafter.config(), drafter.dims(), &params, target, &b)?;
+        let t = dspark_loss(&f, target, &b, &LossWeights::default())?;
         let w = chunk.len() as f64;
         tau += w * f64::from(t.tau.to_f32_vec()?[0]);
         loss += w * f64::from(t.total.to_f32_vec()?[0]);
@@ -40,8 +40,4 @@ pub fn analytic_all(
     }
     let n = n as f64;
     Ok(EvalReport { tau: tau / n, loss: loss / n, acceptance: acc.iter().map(|a| a / n).collect() })
-}
-
-fn spec(e: spec_decode::Error) -> Error {
-    Error::Mismatch { what: "drafter forward", detail: e.to_string() }
 }

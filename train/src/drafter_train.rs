@@ -155,7 +155,7 @@ impl Run<'_> {
         for _ in 0..self.cfg.eval_batches {
             let shard = &val[rng.below(val.len() as u64) as usize];
             let b = sample_batch(shard, self.cfg.batch, self.drafter.config().gamma, self.cfg.max_ctx, &mut rng)?;
-            let t = self.terms(params, &b).map_err(spec_err)?;
+            let t = self.terms(params, &b)?;
             tau += scalar(&t.tau)?;
             loss += scalar(&t.total)?;
             for (a, v) in acc.iter_mut().zip(t.acceptance.to_f32_vec()?) {
@@ -165,10 +165,6 @@ impl Run<'_> {
         let n = self.cfg.eval_batches.max(1) as f64;
         Ok(EvalReport { tau: tau / n, loss: loss / n, acceptance: acc.iter().map(|a| a / n).collect() })
     }
-}
-
-fn spec_err(e: spec_decode::Error) -> Error {
-    Error::Mismatch { what: "drafter forward", detail: e.to_string() }
 }
 
 /// Trains `init` (a dense DSpark drafter for `target`) on the shards in `data_dir`, writing
@@ -210,7 +206,7 @@ pub fn train_drafter(
         }
         s
     } else {
-        let params = init.trainable_params().map_err(spec_err)?;
+        let params = init.trainable_params()?;
         let opt = AdamW::new(AdamWConfig { weight_decay: cfg.weight_decay, ..Default::default() }, &params)?;
         TrainState {
             names: names.clone(),
@@ -238,7 +234,7 @@ pub fn train_drafter(
             let t = run.terms(xs, &batch)?;
             Ok(vec![t.total, t.ce, t.tv, t.bce])
         };
-        let (values, grads) = value_and_grad(f, &state.params, &argnums).map_err(spec_err)?;
+        let (values, grads) = value_and_grad(f, &state.params, &argnums)?;
         let (grads, _) = clip_global_norm(&grads, cfg.clip)?;
         let lr = sched.lr(state.opt.step);
         state.params = state.opt.step(&state.params, &grads, lr)?;
@@ -263,7 +259,7 @@ pub fn train_drafter(
             let e = run.evaluate(&state.params, &val_shards)?;
             let improved = best.as_ref().map_or(best_tau.is_none_or(|b| e.tau > b), |b| e.tau > b.tau);
             if improved {
-                init.with_trained(&state.params).map_err(spec_err)?.save(&out.join("best"), true).map_err(spec_err)?;
+                init.with_trained(&state.params)?.save(&out.join("best"), true)?;
                 best = Some(e.clone());
                 state.extra["best_tau"] = e.tau.into();
             }

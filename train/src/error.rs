@@ -10,6 +10,9 @@ pub enum Error {
     Mlx(#[from] mlx_core::Error),
     #[error(transparent)]
     Checkpoint(#[from] gemma4::Error),
+    /// The drafter or the decode loop failed (forward, loss, checkpoint).
+    #[error(transparent)]
+    Drafter(#[from] spec_decode::Error),
     /// Parameters, gradients and moments must line up one to one, with equal shapes.
     #[error("{what}: {detail}")]
     Mismatch { what: &'static str, detail: String },

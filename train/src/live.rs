@@ -44,7 +44,6 @@ pub fn eval_live(
 ) -> Result<LiveReport> {
     let taps = drafter.config().tap_layers.clone();
     let tapset = drafter.taps();
-    let spec = |e: spec_decode::Error| Error::Mismatch { what: "speculative decoding", detail: e.to_string() };
     let (mut greedy, mut sampled) = (SpecStats::default(), SpecStats::default());
     let mut seqs = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {
@@ -62,13 +61,12 @@ pub fn eval_live(
             p,
             &SpecConfig { generate: gen.clone(), ..Default::default() },
             |_| {},
-        )
-        .map_err(spec)?;
+        )?;
         greedy.absorb(&g.stats);
         let sampler = SamplerConfig { temperature: 1.0, ..Default::default() };
         let sc =
             SpecConfig { generate: GenerateConfig { sampler, seed: o.seed + i as u64, ..gen }, ..Default::default() };
-        sampled.absorb(&speculative_generate(target, drafter, p, &sc, |_| {}).map_err(spec)?.stats);
+        sampled.absorb(&speculative_generate(target, drafter, p, &sc, |_| {})?.stats);
     }
     let shard = Shard::from_sequences(&TargetId::of(target.config()), &taps, &seqs)?;
     let analytic = analytic_all(target, drafter, &shard, o.max_ctx, 16)?;

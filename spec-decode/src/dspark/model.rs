@@ -204,10 +204,16 @@ impl DSparkDrafter {
 
     /// Replaces dense parameters (shapes are checked) and rebuilds the module.
     pub fn with_params(self, updates: BTreeMap<String, Array>) -> Result<Self> {
+        let params = self.updated_params(updates)?;
+        Self::from_params(self.cfg, self.dims, self.target_id, self.taps, params, BTreeMap::new())
+    }
+
+    /// The dense parameters with `updates` applied (names and shapes checked, cast to f32).
+    fn updated_params(&self, updates: impl IntoIterator<Item = (String, Array)>) -> Result<BTreeMap<String, Array>> {
         if self.is_quantized() {
             return Err(Error::Contract("cannot update parameters of a quantized drafter".into()));
         }
-        let mut params = self.params;
+        let mut params = self.params.clone();
         for (name, a) in updates {
             let want = self
                 .cfg
@@ -218,7 +224,7 @@ impl DSparkDrafter {
             }
             params.insert(name, a.astype(Dtype::F32)?);
         }
-        Self::from_params(self.cfg, self.dims, self.target_id, self.taps, params, BTreeMap::new())
+        Ok(params)
     }
 
     /// Loads `dir` (dspark.json + model*.safetensors) for `target`.
@@ -344,17 +350,7 @@ impl DSparkDrafter {
         if names.len() != params.len() {
             return Err(Error::Contract(format!("{} parameters given, the config has {}", params.len(), names.len())));
         }
-        let mut map = BTreeMap::new();
-        for (name, a) in names.into_iter().zip(params) {
-            let want = self
-                .cfg
-                .param_shape(&name, &self.dims)
-                .ok_or_else(|| Error::Contract(format!("no shape for parameter {name:?}")))?;
-            if a.shape()? != want {
-                return Err(Error::Contract(format!("parameter {name}: shape {:?}, expected {want:?}", a.shape()?)));
-            }
-            map.insert(name, a.astype(Dtype::F32)?);
-        }
+        let map = self.updated_params(names.into_iter().zip(params.iter().cloned()))?;
         Self::from_params(
             self.cfg.clone(),
             self.dims.clone(),
