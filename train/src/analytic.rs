@@ -3,7 +3,7 @@
 //! earlier drafts were), so the expected accepted length is τ = 1 + Σ_j Π_{i≤j} a_i.
 
 use gemma4::Model;
-use spec_decode::dspark::train::{dspark_loss, forward_train, LossWeights};
+use spec_decode::dspark::train::{dspark_loss, forward_train, LossTerms, LossWeights};
 use spec_decode::dspark::DSparkDrafter;
 
 use crate::drafter_train::EvalReport;
@@ -25,19 +25,47 @@ pub fn analytic_all(
         return Err(Error::Mismatch { what: "analytic τ", detail: format!("no anchor has {gamma} tokens after it") });
     }
     let params = drafter.trainable_params()?;
-    let (mut tau, mut loss, mut acc) = (0.0, 0.0, vec![0.0; gamma]);
+    let mut sum = EvalSum::new(gamma);
     let picks: Vec<usize> = (0..n).collect();
     for chunk in picks.chunks(batch.max(1)) {
         let b = batch_at(shard, chunk, gamma, max_ctx)?;
         let f = forward_train(drafter.config(), drafter.dims(), &params, target, &b)?;
-        let t = dspark_loss(&f, target, &b, &LossWeights::default())?;
-        let w = chunk.len() as f64;
-        tau += w * f64::from(t.tau.to_f32_vec()?[0]);
-        loss += w * f64::from(t.total.to_f32_vec()?[0]);
-        for (a, v) in acc.iter_mut().zip(t.acceptance.to_f32_vec()?) {
+        sum.add(&dspark_loss(&f, target, &b, &LossWeights::default())?, chunk.len() as f64)?;
+    }
+    Ok(sum.mean())
+}
+
+/// Weighted sums of τ, loss and per-position acceptance over evaluation batches.
+pub(crate) struct EvalSum {
+    tau: f64,
+    loss: f64,
+    acceptance: Vec<f64>,
+    weight: f64,
+}
+
+impl EvalSum {
+    pub(crate) fn new(gamma: usize) -> EvalSum {
+        EvalSum { tau: 0.0, loss: 0.0, acceptance: vec![0.0; gamma], weight: 0.0 }
+    }
+
+    /// Adds one batch's terms with weight `w` (reads them back from the device).
+    pub(crate) fn add(&mut self, t: &LossTerms, w: f64) -> Result<()> {
+        self.tau += w * f64::from(t.tau.to_f32_vec()?[0]);
+        self.loss += w * f64::from(t.total.to_f32_vec()?[0]);
+        for (a, v) in self.acceptance.iter_mut().zip(t.acceptance.to_f32_vec()?) {
             *a += w * f64::from(v);
         }
+        self.weight += w;
+        Ok(())
     }
-    let n = n as f64;
-    Ok(EvalReport { tau: tau / n, loss: loss / n, acceptance: acc.iter().map(|a| a / n).collect() })
+
+    /// The weighted means.
+    pub(crate) fn mean(self) -> EvalReport {
+        let n = self.weight.max(f64::MIN_POSITIVE);
+        EvalReport {
+            tau: self.tau / n,
+            loss: self.loss / n,
+            acceptance: self.acceptance.iter().map(|a| a / n).collect(),
+        }
+    }
 }

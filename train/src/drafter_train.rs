@@ -18,6 +18,7 @@ use spec_decode::dspark::train::{dspark_loss, forward_train, LossTerms, LossWeig
 use spec_decode::dspark::DSparkDrafter;
 
 use crate::adamw::{AdamW, AdamWConfig};
+use crate::analytic::EvalSum;
 use crate::clip::clip_global_norm;
 use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
@@ -151,19 +152,13 @@ impl Run<'_> {
     fn evaluate(&self, params: &[Array], val: &[Shard]) -> Result<EvalReport> {
         // The same batches at every evaluation, from an RNG of their own.
         let mut rng = SplitMix64::new(self.cfg.seed ^ 0x5eed_e7a1);
-        let (mut tau, mut loss, mut acc) = (0.0, 0.0, vec![0.0; self.drafter.config().gamma]);
+        let mut sum = EvalSum::new(self.drafter.config().gamma);
         for _ in 0..self.cfg.eval_batches {
             let shard = &val[rng.below(val.len() as u64) as usize];
             let b = sample_batch(shard, self.cfg.batch, self.drafter.config().gamma, self.cfg.max_ctx, &mut rng)?;
-            let t = self.terms(params, &b)?;
-            tau += scalar(&t.tau)?;
-            loss += scalar(&t.total)?;
-            for (a, v) in acc.iter_mut().zip(t.acceptance.to_f32_vec()?) {
-                *a += f64::from(v);
-            }
+            sum.add(&self.terms(params, &b)?, 1.0)?;
         }
-        let n = self.cfg.eval_batches.max(1) as f64;
-        Ok(EvalReport { tau: tau / n, loss: loss / n, acceptance: acc.iter().map(|a| a / n).collect() })
+        Ok(sum.mean())
     }
 }
 
