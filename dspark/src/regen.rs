@@ -136,13 +136,11 @@ pub fn run(a: Args) -> Result<()> {
     });
     bar.finish_and_clear();
     // The library says when starting over must be forced; on the command line that is --force.
-    let s = result.map_err(|e| {
-        let forced = e.to_string().contains("forced") || e.to_string().contains("not a regen directory");
-        if forced {
+    let s = result.map_err(|e| match e {
+        train::Error::NeedsForce { .. } => {
             anyhow::Error::new(e).context(format!("regen into {} (--force starts over)", a.out.display()))
-        } else {
-            e.into()
         }
+        e => e.into(),
     })?;
     let removed = if s.orphans_removed > 0 {
         format!(", {} unrecorded shards of an interrupted run removed and redone", s.orphans_removed)

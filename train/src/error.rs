@@ -23,6 +23,10 @@ pub enum Error {
     /// option, `file:line`), `detail` says what was expected.
     #[error("{what}: {detail}")]
     Invalid { what: String, detail: String },
+    /// An output directory holds other or inconsistent work: going on would mean starting
+    /// over, which the caller must ask for (`force`).
+    #[error("{what}: {detail}")]
+    NeedsForce { what: String, detail: String },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
 }

@@ -431,7 +431,7 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
     if !ledger_path.exists() {
         let visible = std::fs::read_dir(out).map_err(io(out))?.flatten().any(|e| !name(&e.path()).starts_with('.'));
         if visible && !force {
-            return Err(Error::Invalid {
+            return Err(Error::NeedsForce {
                 what: format!("output directory {}", out.display()),
                 detail: format!(
                     "it is not empty and holds no {LEDGER}, so it is not a regen directory (starting over must be forced)"
@@ -447,7 +447,7 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
     let at = |n: usize| format!("{}:{}", ledger_path.display(), n + 1);
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     let Some((n0, first)) = lines.next() else {
-        return Err(Error::Invalid {
+        return Err(Error::NeedsForce {
             what: at(0),
             detail: "the ledger is empty (starting over must be forced)".into(),
         });
@@ -469,7 +469,7 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
         ("settings", format!("{:?}", old.mode), format!("{:?}", header.mode)),
     ] {
         if was != now {
-            return Err(Error::Invalid {
+            return Err(Error::NeedsForce {
                 what: at(n0),
                 detail: format!(
                     "this directory was regenerated with {field} {was}, this run asks for {now} (use the same \
@@ -485,7 +485,7 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
         let e: LedgerEntry = serde_json::from_str(line)
             .map_err(|err| Error::Invalid { what: at(n), detail: format!("not a ledger entry: {err}") })?;
         if e.items.len() != e.hashes.len() || named.contains(&e.shard) {
-            return Err(Error::Invalid {
+            return Err(Error::NeedsForce {
                 what: at(n),
                 detail: format!("entry of shard {} is inconsistent (starting over must be forced)", e.shard),
             });
@@ -569,7 +569,7 @@ pub fn regen(
     for (&i, (h, shard)) in &done {
         let shard = shard_dir(out, *shard);
         let Some(text) = inputs.get(i) else {
-            return Err(Error::Invalid {
+            return Err(Error::NeedsForce {
                 what: format!("input item {i}"),
                 detail: format!(
                     "{} holds item {i}, but there are only {} items now (the input file changed: start over, forced, or write \
@@ -580,7 +580,7 @@ pub fn regen(
             });
         };
         if text_hash(text) != *h {
-            return Err(Error::Invalid {
+            return Err(Error::NeedsForce {
                 what: opts.label(i),
                 detail: format!(
                     "differs from item {i} that {} was regenerated from (the input file changed: start over, forced, or write \
