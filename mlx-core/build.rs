@@ -48,7 +48,11 @@ fn run() -> Result<(), String> {
         );
     }
 
+    let blas = if target_os == "linux" { locate_blas() } else { None };
     let mut build = cxx_build::bridge("src/sys/mod.rs");
+    if blas.is_some() {
+        build.define("MLX_CORE_BLAS_ANCHOR", None);
+    }
     build
         .file("src/sys/shim.cc")
         .include(&include)
@@ -60,16 +64,74 @@ fn run() -> Result<(), String> {
     }
     build.compile("mlx_core_bridge");
 
+    // The optimized BLAS goes first: MLX leaves `cblas_*` undefined and the process's first
+    // library that defines them wins (see README.md, "CPU speed").
+    match &blas {
+        Some(path) => {
+            let (dir, name) = split_lib(path)?;
+            println!("cargo:rustc-link-search=native={}", dir.display());
+            // shim.cc references `cblas_sgemm` under MLX_CORE_BLAS_ANCHOR, so --as-needed keeps it.
+            println!("cargo:rustc-link-lib=dylib:+verbatim={name}");
+            println!("cargo:rustc-env=MLX_CORE_BLAS={}", path.display());
+        }
+        None => {
+            if target_os == "linux" {
+                println!(
+                    "cargo:warning=no optimized BLAS found (install libopenblas-dev, or set MLX_CORE_BLAS to a \
+                     libopenblas/libblis .so); f32 matmuls will use MLX's bundled reference BLAS (~40x slower)"
+                );
+            }
+            println!("cargo:rustc-env=MLX_CORE_BLAS=");
+        }
+    }
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
     // Make libmlx (and, for the CPU wheel, its bundled BLAS/LAPACK) visible next to the test
     // binaries and executables; .cargo/config.toml points their run-path there.
-    expose_libraries(&mlx, &out_dir)?;
+    expose_libraries(&mlx, blas.as_deref(), &out_dir)?;
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-env=MLX_CORE_MLX_DIR={}", mlx.display());
     println!("cargo:rustc-env=MLX_CORE_MLX_VERSION={version}");
     println!("cargo:libdir={}", lib.display());
     Ok(())
+}
+
+/// An optimized CBLAS for MLX's f32 matmuls: `MLX_CORE_BLAS` (a library path, or `none`), then
+/// pkg-config's `openblas`, then the usual Debian/Fedora/Arch locations of OpenBLAS and BLIS.
+fn locate_blas() -> Option<PathBuf> {
+    if let Some(v) = env_var_rerun("MLX_CORE_BLAS") {
+        if v == "none" {
+            return None;
+        }
+        let p = PathBuf::from(&v);
+        if p.is_file() {
+            return Some(p);
+        }
+        println!("cargo:warning=MLX_CORE_BLAS={v} is not a file; looking for OpenBLAS elsewhere");
+    }
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Ok(out) = Command::new("pkg-config").args(["--variable=libdir", "openblas"]).output() {
+        if out.status.success() {
+            let d = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if !d.is_empty() {
+                dirs.push(PathBuf::from(d));
+            }
+        }
+    }
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let multiarch = format!("/usr/lib/{arch}-linux-gnu");
+    for d in [multiarch.clone(), format!("{multiarch}/openblas-pthread"), "/usr/lib64".into(), "/usr/lib".into()] {
+        dirs.push(PathBuf::from(d));
+    }
+    let names = ["libopenblas.so.0", "libopenblas.so", "libblis.so.4", "libblis.so"];
+    names.iter().flat_map(|n| dirs.iter().map(move |d| d.join(n))).find(|p| p.is_file())
+}
+
+/// `dir/libfoo.so.0` -> (dir, "libfoo.so.0").
+fn split_lib(path: &Path) -> Result<(PathBuf, String), String> {
+    let dir = path.parent().ok_or_else(|| format!("{} has no parent directory", path.display()))?;
+    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| format!("bad file name {}", path.display()))?;
+    Ok((dir.to_path_buf(), name.to_string()))
 }
 
 fn locate_mlx(out_dir: &Path, target_os: &str) -> Result<PathBuf, String> {
@@ -177,7 +239,7 @@ fn provision_wheel(out_dir: &Path, target_os: &str) -> Result<PathBuf, String> {
 }
 
 /// Symlinks libmlx and the wheel's bundled libraries into `<profile>/deps`.
-fn expose_libraries(mlx: &Path, out_dir: &Path) -> Result<(), String> {
+fn expose_libraries(mlx: &Path, blas: Option<&Path>, out_dir: &Path) -> Result<(), String> {
     let deps = profile_dir(out_dir)?.join("deps");
     fs::create_dir_all(&deps).map_err(|e| format!("creating {}: {e}", deps.display()))?;
     let mut libs: Vec<PathBuf> = Vec::new();
@@ -192,6 +254,8 @@ fn expose_libraries(mlx: &Path, out_dir: &Path) -> Result<(), String> {
             }
         }
     }
+    // The BLAS too, in case its folder is not on the loader's default path.
+    libs.extend(blas.map(Path::to_path_buf));
     for lib in libs {
         let Some(name) = lib.file_name() else { continue };
         let link = deps.join(name);

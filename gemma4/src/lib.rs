@@ -20,6 +20,7 @@
 mod attention;
 pub mod cache;
 pub mod checkpoint;
+pub mod compute;
 pub mod config;
 mod error;
 pub mod generate;
@@ -39,6 +40,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use cache::{Cache, CacheError, LayerCache};
+pub use compute::ComputeDtype;
 pub use config::{LayerKind, TextConfig};
 pub use error::{Error, Result};
 pub use model::{ForwardOutput, Model};

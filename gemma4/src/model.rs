@@ -8,6 +8,7 @@ use mlx_core::{concatenate, fast, Array};
 
 use crate::attention::{Attend, SharedKv};
 use crate::cache::Cache;
+use crate::compute::{ComputeDtype, Resolved};
 use crate::config::{KvSource, LayerKind, TextConfig};
 use crate::error::{Error, Result};
 use crate::layer::DecoderLayer;
@@ -51,12 +52,23 @@ impl Model {
     /// # Ok::<(), gemma4::Error>(())
     /// ```
     pub fn load(dir: &Path) -> Result<Model> {
+        Ok(Model::load_as(dir, ComputeDtype::Stored, mlx_core::Device::Cpu)?.0)
+    }
+
+    /// Loads computing in `dtype` (see [`crate::compute`]; `Auto` decides for `device`), and
+    /// says what was chosen. Files on disk are not touched.
+    pub fn load_as(dir: &Path, dtype: ComputeDtype, device: mlx_core::Device) -> Result<(Model, Resolved)> {
         refuse_drafter(dir)?;
-        let cfg = TextConfig::from_dir(dir)?;
+        let mut cfg = TextConfig::from_dir(dir)?;
         let mut wm = WeightMap::load(dir, &cfg)?;
+        let resolved = dtype.resolve(wm.f32_bytes(), device);
+        wm.set_conversion(resolved.conversion);
+        if resolved.conversion.dequantize {
+            cfg.quantization = None;
+        }
         let model = Model::from_weights(cfg, &mut wm)?;
         wm.finish()?;
-        Ok(model)
+        Ok((model, resolved))
     }
 
     /// Builds the model from sanitized weights (takes every tensor it needs from `wm`).

@@ -14,6 +14,7 @@
 
 mod array;
 mod autodiff;
+pub mod blas;
 mod device;
 mod dtype;
 mod error;

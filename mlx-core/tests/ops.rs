@@ -374,3 +374,45 @@ fn streams_queue_work_apart_from_the_default() -> R {
     assert_eq!(f32s(&a), vec![3.0, 6.0], "work queued on the side stream ran");
     Ok(())
 }
+
+/// Stepwise verification relies on every row of an f32 matmul having the same bits whatever the
+/// number of rows (1 for a decode step, up to γ+1 for a verify). An optimized BLAS computes rows
+/// in tiles and tail rows with other kernels, so this holds for row counts padded to
+/// `blas::row_quantum()`; checked here at the sizes real checkpoints use, for both operand
+/// layouts (`x @ W` and `x @ Wᵀ` as `nn.Linear` does), against rows computed in a batch of 64.
+#[test]
+fn f32_matmul_rows_padded_to_the_row_quantum_are_batch_invariant() {
+    let q = mlx_core::blas::row_quantum();
+    assert!(q >= 1);
+    let mut unpadded_differs = false;
+    for &(k, n) in &[(128usize, 512usize), (1024, 4096), (2560, 10240), (1024, 32768)] {
+        let key = random::key(k as u64).unwrap();
+        let w = random::normal(&[k as i32, n as i32], Dtype::F32, 0.0, 0.05, &key).unwrap();
+        let wt = w.transpose(&[1, 0]).unwrap().contiguous().unwrap().transpose(&[1, 0]).unwrap();
+        let x = random::normal(&[64, k as i32], Dtype::F32, 0.0, 1.0, &key).unwrap();
+        for weights in [&w, &wt] {
+            let canon = x.matmul(weights).unwrap();
+            for rows in [1usize, 2, 3, 5, 8, 9, 16, 17] {
+                let start = 3;
+                let xs = x.slice_axis(0, start, start + rows as i32).unwrap();
+                let got = mlx_core::blas::pad_rows(&xs, q).unwrap().matmul(weights).unwrap();
+                let plain = xs.matmul(weights).unwrap();
+                unpadded_differs |= plain.to_bytes().unwrap()
+                    != canon.slice_axis(0, start, start + rows as i32).unwrap().to_bytes().unwrap();
+                for r in 0..rows as i32 {
+                    let one = got.slice_axis(0, r, r + 1).unwrap().to_bytes().unwrap();
+                    let want = canon.slice_axis(0, start + r, start + r + 1).unwrap().to_bytes().unwrap();
+                    assert!(
+                        one == want,
+                        "[{rows}, {k}] @ [{k}, {n}] padded to a multiple of {q}: row {r} differs from the same \
+                         row in a batch of 64 (BLAS: {:?})",
+                        mlx_core::blas::linked()
+                    );
+                }
+            }
+        }
+    }
+    // The quantum is the smallest padding that works: a quantum above 1 means unpadded rows
+    // do depend on the batch (else the probe would have chosen 1).
+    assert_eq!(unpadded_differs, q > 1, "row quantum {q} but unpadded rows differ: {unpadded_differs}");
+}

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use mlx_core::quant::Quantized;
 use mlx_core::{Array, Dtype};
 
+use crate::compute::Conversion;
 use crate::config::{QuantizationConfig, TextConfig};
 use crate::error::{Error, Result};
 
@@ -37,6 +38,7 @@ impl LinearWeights {
     /// `x @ Wᵀ` for W `[out, in]`: the `nn.Linear` / tied-head product // `[.., in]` -> `[.., out]`
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
         Ok(match self {
+            LinearWeights::Dense(w) if w.dtype() == Dtype::F32 => padded_matmul_t(x, w)?,
             LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
             LinearWeights::Quantized(q) => q.matmul_t(x)?,
         })
@@ -56,6 +58,28 @@ impl LinearWeights {
     }
 }
 
+/// `x @ Wᵀ` in f32 with the rows padded to the BLAS row quantum, so that each row's bits do not
+/// depend on how many rows are multiplied together (a decode step's one, a verify's γ+1): the
+/// optimized BLAS computes tail rows with other kernels than full tiles. MLX's own bf16/f16 and
+/// quantized kernels have no such tails and are left alone.
+fn padded_matmul_t(x: &Array, w: &Array) -> Result<Array> {
+    let wt = w.transpose(&[1, 0])?;
+    let quantum = mlx_core::blas::row_quantum();
+    if quantum <= 1 {
+        return Ok(x.matmul(&wt)?);
+    }
+    let shape = x.shape()?; // [.., in]
+    let inp = *shape.last().unwrap_or(&0);
+    let rows = x.size()? / (inp.max(1) as usize);
+    let flat = x.reshape(&[rows as i32, inp])?; // [R, in]
+    let out = mlx_core::blas::pad_rows(&flat, quantum)?.matmul(&wt)?.slice_axis(0, 0, rows as i32)?; // [R, out]
+    let mut out_shape = shape;
+    if let Some(last) = out_shape.last_mut() {
+        *last = -1;
+    }
+    Ok(out.reshape(&out_shape)?)
+}
+
 /// Hands out tensors by name and remembers which were taken.
 pub struct WeightMap {
     dir: PathBuf,
@@ -65,6 +89,7 @@ pub struct WeightMap {
     origin: BTreeMap<String, String>,
     prefix: &'static str,
     quantization: Option<QuantizationConfig>,
+    conversion: Conversion,
 }
 
 impl WeightMap {
@@ -99,7 +124,33 @@ impl WeightMap {
             origin: BTreeMap::new(),
             prefix,
             quantization,
+            conversion: Conversion::NONE,
         }
+    }
+
+    /// Casts (and dequantizes) tensors as they are handed out; see [`crate::compute`].
+    pub fn set_conversion(&mut self, conversion: Conversion) {
+        self.conversion = conversion;
+    }
+
+    /// Bytes the weights would take dense in f32 (packed quantized weights counted at their
+    /// logical size; their scales and biases, which dequantizing drops, not at all).
+    pub fn f32_bytes(&self) -> u64 {
+        let default_bits = self.quantization.as_ref().and_then(|q| q.default).map_or(4, |s| s.bits()) as u64;
+        let mut elements = 0u64;
+        for (name, a) in &self.tensors {
+            let n = a.size().unwrap_or(0) as u64;
+            if a.dtype() == Dtype::U32 {
+                elements += n * 32 / default_bits.max(1);
+            } else if let Some(module) = name.strip_suffix(".scales").or_else(|| name.strip_suffix(".biases")) {
+                if !self.tensors.contains_key(&format!("{module}.weight")) {
+                    elements += n;
+                }
+            } else {
+                elements += n;
+            }
+        }
+        elements * 4
     }
 
     /// Whether a tensor exists.
@@ -134,7 +185,10 @@ impl WeightMap {
                 got: a.dtype().to_string(),
             });
         }
-        Ok(a)
+        match self.conversion.cast {
+            Some(d) if d != a.dtype() => Ok(a.astype(d)?),
+            _ => Ok(a),
+        }
     }
 
     /// Takes a float tensor (see [`WeightMap::get_float`]) and checks its shape.
@@ -228,7 +282,18 @@ impl WeightMap {
                 spec.group_size()
             )));
         }
-        Ok(LinearWeights::Quantized(Quantized { weight, scales, biases, spec }))
+        let q = Quantized { weight, scales, biases, spec };
+        if self.conversion.dequantize {
+            // Evaluated now so the packed tensors can be freed as loading goes on.
+            let dense = q.dequantize()?;
+            let dense = match self.conversion.cast {
+                Some(d) if d != dense.dtype() => dense.astype(d)?,
+                _ => dense,
+            };
+            dense.eval()?;
+            return Ok(LinearWeights::Dense(dense));
+        }
+        Ok(LinearWeights::Quantized(q))
     }
 
     /// Fails if any tensor was not taken (strict load).

@@ -9,6 +9,18 @@
 
 namespace mx = mlx::core;
 
+#ifdef MLX_CORE_BLAS_ANCHOR
+// The build script links an optimized BLAS ahead of libmlx so that MLX's undefined `cblas_*`
+// resolve to it. Nothing else references that library, and rustc links with --as-needed and
+// --gc-sections, which would drop it. A reference from a start-up constructor (.init_array is
+// never collected) keeps it in the executable's DT_NEEDED list; the constructor does nothing.
+extern "C" void cblas_sgemm();
+__attribute__((constructor)) static void mlx_core_blas_anchor() {
+  void (*volatile keep)() = &cblas_sgemm;
+  (void)keep;
+}
+#endif
+
 namespace mlxr {
 namespace {
 

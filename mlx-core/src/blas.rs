@@ -1,0 +1,145 @@
+//! Which CBLAS serves MLX's f32 matmuls on the CPU, and a run-time check that it is fast.
+//!
+//! MLX's CPU backend calls `cblas_sgemm` for f32 matmuls and leaves the symbol to the process:
+//! the first loaded library that defines it wins. The `mlx-cpu` wheel bundles a reference BLAS
+//! (≈4 GFLOP/s on two x86 cores); the build script links an optimized one (OpenBLAS or BLIS)
+//! ahead of libmlx when it finds one, which makes f32 matmuls ~40× faster. bf16/f16 and
+//! quantized matmuls use MLX's own kernels and are unaffected.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use crate::array::Array;
+use crate::device::Device;
+use crate::dtype::Dtype;
+use crate::error::Result;
+
+/// The optimized BLAS library linked ahead of libmlx at build time, if any.
+pub fn linked() -> Option<&'static str> {
+    Some(env!("MLX_CORE_BLAS")).filter(|s| !s.is_empty())
+}
+
+/// Measured f32 matmul speed: the best of `reps` timed `[n, n] @ [n, n]` products after a warm-up.
+#[derive(Clone, Copy, Debug)]
+pub struct SgemmCheck {
+    /// Matrix side.
+    pub n: usize,
+    /// Best observed throughput.
+    pub gflops: f64,
+}
+
+impl SgemmCheck {
+    /// Below this, the reference BLAS (or none) is serving f32 matmuls: an optimized BLAS does
+    /// ≫ 20 GFLOP/s even on two cores, the reference one ≈4.
+    pub const FAST_GFLOPS: f64 = 20.0;
+
+    /// Whether the measured speed is that of an optimized BLAS.
+    pub fn is_fast(&self) -> bool {
+        self.gflops >= Self::FAST_GFLOPS
+    }
+}
+
+/// Times an f32 `[n, n]` matmul on the CPU (the default device is restored afterwards).
+pub fn sgemm_check(n: usize, reps: usize) -> Result<SgemmCheck> {
+    let before = Device::default_device()?;
+    Device::Cpu.set_default()?;
+    let result = time_sgemm(n, reps.max(1));
+    before.set_default()?;
+    result
+}
+
+fn time_sgemm(n: usize, reps: usize) -> Result<SgemmCheck> {
+    let side = n as i32;
+    let a = Array::arange(0.0, (n * n) as f64, 1.0, Dtype::F32)?.reshape(&[side, side])?.mul_scalar(1e-6)?;
+    let b = a.transpose(&[1, 0])?.add_scalar(0.5)?;
+    crate::eval(&[&a, &b])?;
+    a.matmul(&b)?.eval()?; // warm-up: thread pools, page faults
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let t = Instant::now();
+        a.matmul(&b)?.eval()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let flops = 2.0 * (n as f64).powi(3);
+    Ok(SgemmCheck { n, gflops: flops / best.max(1e-9) / 1e9 })
+}
+
+/// The row count f32 matmuls must be padded to (a multiple of) for every row to get the same
+/// bits whatever the batch: optimized BLAS kernels compute full tiles of rows one way and tail
+/// rows another (OpenBLAS on AVX2: tiles of 8), and single rows may take yet another path. With
+/// rows padded to the quantum every row goes through the full-tile kernel, so a one-token decode
+/// step and a row of an 8-token verify agree bit for bit, which stepwise verification needs.
+///
+/// Probed once per process on the CPU (a few dozen small matmuls); 1 for a BLAS whose rows are
+/// always batch-invariant (MLX's bundled reference BLAS). `MLX_CORE_ROW_QUANTUM=N` overrides the
+/// probe (N = 1 reproduces mlx-lm's unpadded kernels, for bit-parity checks against it).
+pub fn row_quantum() -> usize {
+    static QUANTUM: OnceLock<usize> = OnceLock::new();
+    *QUANTUM.get_or_init(|| {
+        if let Some(n) = std::env::var("MLX_CORE_ROW_QUANTUM").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+            return n.max(1);
+        }
+        match probe_row_quantum() {
+            Ok(Some(q)) => q,
+            Ok(None) => {
+                eprintln!(
+                    "warning: the linked BLAS gives no row padding under 64 batch-invariant f32 matmul rows; \
+                     f32 speculative decoding may differ from plain decoding in the last bits"
+                );
+                1
+            }
+            Err(e) => {
+                eprintln!("warning: probing the BLAS row quantum failed ({e}); assuming 1");
+                1
+            }
+        }
+    })
+}
+
+/// Zero rows appended to `x` // `[R, K]` -> `[ceil(R / quantum) · quantum, K]`
+pub fn pad_rows(x: &Array, quantum: usize) -> Result<Array> {
+    let shape = x.shape()?;
+    let rows = *shape.first().unwrap_or(&0) as usize;
+    let padded = rows.div_ceil(quantum.max(1)) * quantum.max(1);
+    if padded == rows {
+        return Ok(x.clone());
+    }
+    let mut zshape = shape.clone();
+    zshape[0] = (padded - rows) as i32;
+    crate::concatenate(&[x.clone(), Array::zeros(&zshape, x.dtype())?], 0)
+}
+
+fn probe_row_quantum() -> Result<Option<usize>> {
+    let before = Device::default_device()?;
+    Device::Cpu.set_default()?;
+    let result = (|| {
+        let sizes = [(256, 512), (1024, 1024)];
+        let mut cases = Vec::new();
+        for (i, &(k, n)) in sizes.iter().enumerate() {
+            let key = crate::random::key(0x5eed + i as u64)?;
+            let (k, n) = (k as i32, n as i32);
+            let w = crate::random::normal(&[k, n], Dtype::F32, 0.0, 0.05, &key)?;
+            let x = crate::random::normal(&[128, k], Dtype::F32, 0.0, 1.0, &key)?;
+            let canon = x.matmul(&w)?;
+            canon.eval()?;
+            cases.push((x, w, canon));
+        }
+        'candidates: for q in [1usize, 2, 4, 8, 16, 32, 64] {
+            for (x, w, canon) in &cases {
+                for rows in 1..=q + 1 {
+                    let start = 5;
+                    let xs = x.slice_axis(0, start, start + rows as i32)?;
+                    let got = pad_rows(&xs, q)?.matmul(w)?.slice_axis(0, 0, rows as i32)?;
+                    let want = canon.slice_axis(0, start, start + rows as i32)?;
+                    if got.to_bytes()? != want.to_bytes()? {
+                        continue 'candidates;
+                    }
+                }
+            }
+            return Ok(Some(q));
+        }
+        Ok(None)
+    })();
+    before.set_default()?;
+    result
+}
