@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use gemma4::generate::{generate, FinishReason, GenerateConfig};
 use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
-use gemma4::Model;
+use gemma4::{ComputeDtype, Model};
 use mlx_core::Device;
 
 /// Arguments of `dspark generate`. Numeric options accept negative values at parse time so the
@@ -48,6 +48,11 @@ pub struct Args {
     /// cpu or gpu (Metal on Apple Silicon, CUDA with the mlx-cuda wheels).
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// Compute dtype: auto (f32 on the CPU when the weights fit in half the free memory,
+    /// quantized weights dequantized; as stored on a GPU), stored, f32, bf16 or f16. Files on
+    /// disk are not changed.
+    #[arg(long, default_value = "auto")]
+    dtype: ComputeDtype,
     /// Speculative decoding with this drafter: a DSpark (dspark.json) or DeepSpec
     /// (Gemma4DSparkModel) checkpoint directory, `default` for the embedded default drafter, or
     /// `self` (the target drafting for itself; a test drafter). Absent: plain decoding.
@@ -106,8 +111,9 @@ pub fn run(a: Args) -> Result<()> {
         Some(d) => d.clone(),
         None => crate::default_model::ensure(false)?,
     };
-    eprintln!("dspark: loading {}", dir.display());
-    let model = Model::load(&dir).with_context(|| format!("loading the model in {}", dir.display()))?;
+    let (model, resolved) =
+        Model::load_as(&dir, a.dtype, a.device).with_context(|| format!("loading the model in {}", dir.display()))?;
+    eprintln!("dspark: loaded {} computing in {}", dir.display(), resolved.describe());
     // Text prompts need the tokenizer; with --tokens it is only read (if the checkpoint has
     // one) for the end-of-sequence fallback when the config names no eos ids.
     let needs_tokenizer = a.tokens.is_none()

@@ -5,6 +5,7 @@
 
 pub mod calibrate;
 pub mod default_model;
+pub mod doctor;
 pub mod eval_drafter;
 pub mod generate;
 pub mod paths;

@@ -78,6 +78,8 @@ pub struct Resolved {
     pub f32_bytes: u64,
     /// Memory available when the choice was made (None where it cannot be read).
     pub available_bytes: Option<u64>,
+    /// Whether the checkpoint holds quantized weights.
+    pub quantized: bool,
 }
 
 impl Resolved {
@@ -86,9 +88,10 @@ impl Resolved {
         match self.conversion.cast {
             None => "as stored".to_string(),
             Some(d) => format!(
-                "{d}{} ({:.2} GB of weights)",
-                if self.conversion.dequantize { ", dequantized" } else { "" },
-                self.f32_bytes as f64 * d.size() as f64 / 4.0 / 1e9
+                "{} ({:.2} GB of weights{})",
+                d.as_str(),
+                self.f32_bytes as f64 * d.size() as f64 / 4.0 / 1e9,
+                if self.conversion.dequantize && self.quantized { ", quantized weights dequantized" } else { "" }
             ),
         }
     }
@@ -96,7 +99,7 @@ impl Resolved {
 
 impl ComputeDtype {
     /// Resolves the choice for weights whose dense f32 copy takes `f32_bytes`, on `device`.
-    pub fn resolve(self, f32_bytes: u64, device: Device) -> Resolved {
+    pub fn resolve(self, f32_bytes: u64, quantized: bool, device: Device) -> Resolved {
         let available_bytes = available_memory();
         let conversion = match self {
             ComputeDtype::Stored => Conversion::NONE,
@@ -113,7 +116,7 @@ impl ComputeDtype {
                 }
             }
         };
-        Resolved { conversion, f32_bytes, available_bytes }
+        Resolved { conversion, f32_bytes, available_bytes, quantized }
     }
 }
 
@@ -133,14 +136,14 @@ mod tests {
     fn parses_and_resolves() {
         assert_eq!("F32".parse::<ComputeDtype>().unwrap(), ComputeDtype::F32);
         assert!("f64".parse::<ComputeDtype>().unwrap_err().contains("expected auto"));
-        assert_eq!(ComputeDtype::Stored.resolve(1, Device::Cpu).conversion, Conversion::NONE);
-        assert_eq!(ComputeDtype::Auto.resolve(1 << 20, Device::Cpu).conversion, Conversion::F32);
-        assert_eq!(ComputeDtype::Auto.resolve(1 << 20, Device::Gpu).conversion, Conversion::NONE);
+        assert_eq!(ComputeDtype::Stored.resolve(1, false, Device::Cpu).conversion, Conversion::NONE);
+        assert_eq!(ComputeDtype::Auto.resolve(1 << 20, false, Device::Cpu).conversion, Conversion::F32);
+        assert_eq!(ComputeDtype::Auto.resolve(1 << 20, false, Device::Gpu).conversion, Conversion::NONE);
         // Far more than any machine has: keep as stored.
         if available_memory().is_some() {
-            assert_eq!(ComputeDtype::Auto.resolve(u64::MAX / 4, Device::Cpu).conversion, Conversion::NONE);
+            assert_eq!(ComputeDtype::Auto.resolve(u64::MAX / 4, false, Device::Cpu).conversion, Conversion::NONE);
         }
-        let bf = ComputeDtype::Bf16.resolve(8, Device::Cpu).conversion;
+        let bf = ComputeDtype::Bf16.resolve(8, false, Device::Cpu).conversion;
         assert_eq!(bf, Conversion { cast: Some(Dtype::Bf16), dequantize: false });
     }
 }

@@ -61,7 +61,7 @@ impl Model {
         refuse_drafter(dir)?;
         let mut cfg = TextConfig::from_dir(dir)?;
         let mut wm = WeightMap::load(dir, &cfg)?;
-        let resolved = dtype.resolve(wm.f32_bytes(), device);
+        let resolved = dtype.resolve(wm.f32_bytes(), wm.has_quantized(), device);
         wm.set_conversion(resolved.conversion);
         if resolved.conversion.dequantize {
             cfg.quantization = None;

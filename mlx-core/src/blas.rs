@@ -117,7 +117,6 @@ fn probe_row_quantum() -> Result<Option<usize>> {
         let mut cases = Vec::new();
         for (i, &(k, n)) in sizes.iter().enumerate() {
             let key = crate::random::key(0x5eed + i as u64)?;
-            let (k, n) = (k as i32, n as i32);
             let w = crate::random::normal(&[k, n], Dtype::F32, 0.0, 0.05, &key)?;
             let x = crate::random::normal(&[128, k], Dtype::F32, 0.0, 1.0, &key)?;
             let canon = x.matmul(&w)?;

@@ -234,14 +234,17 @@ fn descriptor_records_the_target_depth_and_is_checked() {
         serde_json::from_str(&std::fs::read_to_string(good.join("dspark.json")).unwrap()).unwrap();
     assert_eq!(v["version"], 2);
     assert_eq!(v["dims"]["numLayers"], m.config().num_hidden_layers);
-    let edited = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> String {
+    let edited_dir = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> PathBuf {
         let dir = scratch(name);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::copy(good.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
         let mut v = v.clone();
         edit(&mut v);
         std::fs::write(dir.join("dspark.json"), v.to_string()).unwrap();
-        err_text(load_drafter(&dir, m.config()))
+        dir
+    };
+    let edited = |name: &str, edit: &dyn Fn(&mut serde_json::Value)| -> String {
+        err_text(load_drafter(&edited_dir(name, edit), m.config()))
     };
     let e = edited("depth-other", &|v| v["dims"]["numLayers"] = 9.into());
     assert!(e.contains("numLayers 9") && e.contains("num_hidden_layers 6"), "{e}");
@@ -257,6 +260,12 @@ fn descriptor_records_the_target_depth_and_is_checked() {
     assert!(e.contains("format version 7 is not supported"), "{e}");
     let e = edited("eps", &|v| v["dims"]["eps"] = serde_json::json!(-1e-6));
     assert!(e.contains("dims.eps") && e.contains("> 0"), "{e}");
+    // The descriptor says where the head comes from; an own head is refused, not misread.
+    assert_eq!(v["head"], "target", "written descriptors record the shared head");
+    let e = edited("own-head", &|v| v["head"] = "own".into());
+    assert!(e.contains("head is \"own\"") && e.contains("share the target's"), "{e}");
+    let old = edited_dir("no-head-field", &|v| drop(v.as_object_mut().unwrap().remove("head")));
+    assert!(load_drafter(&old, m.config()).is_ok(), "descriptors without `head` (older ones) still load");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 Usage: python reference.py JOBS.json OUT_DIR
 
 JOBS.json is a list of {"name", "model", "prompt": [ids], "max_tokens", "prefill_step",
-"sampler": {"temp", "top_p", "min_p", "top_k", "seed"} | null}. For each job it writes
+"sampler": {"temp", "top_p", "min_p", "top_k", "seed"} | null, "dtype": "stored" | "float32"}. For each job it writes
 OUT_DIR/<name>.safetensors with:
   nocache_logits [L, V]  model(prompt) with no cache (the first job of each model only)
   tokens         [N]     generate_step tokens (greedy, or sampled with the seed)
@@ -27,9 +27,13 @@ generate_step = importlib.import_module("mlx_lm.generate").generate_step
 
 def run(job, models):
     path = job["model"]
-    if path not in models:
-        models[path] = load_model(Path(path))[0]
-    model = models[path]
+    key = (path, job.get("dtype", "stored"))
+    if key not in models:
+        model = load_model(Path(path))[0]
+        if key[1] == "float32":
+            model.set_dtype(mx.float32)
+        models[key] = model
+    model = models[key]
     prompt = mx.array(job["prompt"], dtype=mx.uint32)
     out = {}
     if job.get("nocache", True):

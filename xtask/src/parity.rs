@@ -12,7 +12,7 @@ use gemma4::checkpoint::{quantize_checkpoint, write_hf_layout, write_random_chec
 use gemma4::config::{tiny_config_a, tiny_config_b};
 use gemma4::generate::{ids_array, Decoder, GenerateConfig};
 use gemma4::sampling::SamplerConfig;
-use gemma4::Model;
+use gemma4::{ComputeDtype, Model};
 use mlx_core::{Array, Dtype};
 use serde_json::json;
 
@@ -23,6 +23,8 @@ struct Job {
     max_tokens: usize,
     prefill_step: usize,
     sampler: Option<(SamplerConfig, u64)>,
+    /// Compute in f32 (cast at load; mlx-lm: `model.set_dtype(mx.float32)`), else as stored.
+    f32: bool,
 }
 
 /// A prompt of `n` ids spread over the tiny vocabulary (ids ≥ 4 are ordinary words).
@@ -51,6 +53,7 @@ fn jobs(models: &[(&'static str, PathBuf)], tokens: usize) -> Vec<Job> {
             max_tokens: tokens,
             prefill_step: 2048,
             sampler: None,
+            f32: false,
         })
         .collect();
     let a = models[0].1.clone();
@@ -61,6 +64,17 @@ fn jobs(models: &[(&'static str, PathBuf)], tokens: usize) -> Vec<Job> {
         max_tokens: tokens,
         prefill_step: 5,
         sampler: None,
+        f32: false,
+    });
+    // The CPU fast path: the bf16 checkpoint cast to f32 at load, on the optimized BLAS.
+    v.push(Job {
+        name: "A f32 (cast at load)",
+        model: a.clone(),
+        prompt: prompt(21),
+        max_tokens: tokens,
+        prefill_step: 2048,
+        sampler: None,
+        f32: true,
     });
     let s = SamplerConfig { temperature: 1.0, top_p: 0.9, top_k: 50, ..Default::default() };
     v.push(Job {
@@ -70,6 +84,7 @@ fn jobs(models: &[(&'static str, PathBuf)], tokens: usize) -> Vec<Job> {
         max_tokens: tokens,
         prefill_step: 2048,
         sampler: Some((s, 7)),
+        f32: false,
     });
     let s = SamplerConfig { temperature: 0.7, min_p: 0.05, ..Default::default() };
     v.push(Job {
@@ -79,6 +94,7 @@ fn jobs(models: &[(&'static str, PathBuf)], tokens: usize) -> Vec<Job> {
         max_tokens: tokens,
         prefill_step: 2048,
         sampler: Some((s, 11)),
+        f32: false,
     });
     v
 }
@@ -115,7 +131,9 @@ fn max_abs_diff(a: &Array, b: &Array) -> Result<f32> {
 fn check(job: &Job, reference: &Path, first_of_model: bool) -> Result<Row> {
     let file = mlx_core::load_safetensors(reference)?;
     let get = |n: &str| file.tensors.get(n).cloned().with_context(|| format!("{}: no tensor {n}", reference.display()));
-    let model = Model::load(&job.model).with_context(|| format!("loading {}", job.model.display()))?;
+    let dtype = if job.f32 { ComputeDtype::F32 } else { ComputeDtype::Stored };
+    let (model, _) = Model::load_as(&job.model, dtype, mlx_core::Device::Cpu)
+        .with_context(|| format!("loading {}", job.model.display()))?;
     let (mut bitwise, mut max_logit) = (None, None);
     if first_of_model {
         let ours = model.logits(&ids_array(&job.prompt)?, None)?.squeeze(0)?;
@@ -167,6 +185,10 @@ fn check(job: &Job, reference: &Path, first_of_model: bool) -> Result<Row> {
 
 /// Runs the gate; fails unless every row is exact.
 pub fn run(root: &Path, venv: &Path, tokens: usize) -> Result<()> {
+    // mlx-lm multiplies f32 rows unpadded; so do we here (before anything probes the quantum),
+    // which makes these rows the same BLAS kernels. Decoding pads to the row quantum so that
+    // verify rows equal decode rows; tests/model.rs checks that side.
+    std::env::set_var("MLX_CORE_ROW_QUANTUM", "1");
     std::fs::create_dir_all(root)?;
     eprintln!("parity: writing tiny checkpoints under {}", root.display());
     let models = checkpoints(root)?;
@@ -178,26 +200,34 @@ pub fn run(root: &Path, venv: &Path, tokens: usize) -> Result<()> {
     let spec: Vec<serde_json::Value> = jobs
         .iter()
         .map(|j| {
-            let first = seen.insert(j.model.clone());
+            let first = seen.insert((j.model.clone(), j.f32));
             let sampler = j.sampler.as_ref().map(|(s, seed)| {
                 json!({"temp": s.temperature, "top_p": s.top_p, "min_p": s.min_p, "top_k": s.top_k, "seed": seed})
             });
             json!({"name": file_stem(j.name), "model": j.model, "prompt": j.prompt, "max_tokens": j.max_tokens,
-                   "prefill_step": j.prefill_step, "sampler": sampler, "nocache": first})
+                   "prefill_step": j.prefill_step, "sampler": sampler, "nocache": first,
+                   "dtype": if j.f32 { "float32" } else { "stored" }})
         })
         .collect();
     let spec_path = root.join("jobs.json");
     std::fs::write(&spec_path, serde_json::to_string_pretty(&spec)?)?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/reference.py");
     eprintln!("parity: running mlx-lm on {} jobs", jobs.len());
-    let status = Command::new(&python).arg(&script).arg(&spec_path).arg(&refs).status()?;
+    let mut reference = Command::new(&python);
+    reference.arg(&script).arg(&spec_path).arg(&refs);
+    // f32 matmuls go through whichever cblas the process loaded first: give mlx-lm the BLAS we
+    // link, so the f32 rows compare the same kernels.
+    if let Some(blas) = mlx_core::blas::linked() {
+        reference.env("LD_PRELOAD", blas);
+    }
+    let status = reference.status()?;
     if !status.success() {
         bail!("the reference run failed ({status})");
     }
     let mut rows = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for j in &jobs {
-        let first = seen.insert(j.model.clone());
+        let first = seen.insert((j.model.clone(), j.f32));
         rows.push(check(j, &refs.join(format!("{}.safetensors", file_stem(j.name))), first)?);
     }
     println!();

@@ -133,6 +133,11 @@ impl WeightMap {
         self.conversion = conversion;
     }
 
+    /// Whether any tensor is a packed quantized weight.
+    pub fn has_quantized(&self) -> bool {
+        self.tensors.values().any(|a| a.dtype() == Dtype::U32)
+    }
+
     /// Bytes the weights would take dense in f32 (packed quantized weights counted at their
     /// logical size; their scales and biases, which dequantizing drops, not at all).
     pub fn f32_bytes(&self) -> u64 {

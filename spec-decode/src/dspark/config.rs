@@ -79,6 +79,18 @@ pub struct Descriptor {
     /// MLX affine quantization block (drafter-quant output), mlx-lm layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<Value>,
+    /// Where the token embedding and LM head come from: `"target"` (shared with the target;
+    /// the only kind this build runs: an own 262k-row head would dominate a drafter's cost).
+    /// Absent in older descriptors, which all shared the target's.
+    #[serde(default = "target_head")]
+    pub head: String,
+}
+
+/// The `head` value of a drafter that shares the target's embedding and LM head.
+pub const TARGET_HEAD: &str = "target";
+
+fn target_head() -> String {
+    TARGET_HEAD.to_string()
 }
 
 impl DSparkConfig {
@@ -261,6 +273,12 @@ pub fn read_descriptor(dir: &Path) -> Result<Descriptor> {
     }
     if !(d.dims.eps.is_finite() && d.dims.eps > 0.0) {
         return Err(Error::checkpoint(&path, format!("dims.eps is {}, expected a finite value > 0", d.dims.eps)));
+    }
+    if d.head != TARGET_HEAD {
+        return Err(Error::checkpoint(
+            &path,
+            format!("head is {:?}; this build runs only drafters that share the target's embedding and LM head (\"target\")", d.head),
+        ));
     }
     d.config.validate(&path)?;
     let derived = d.config.param_names();

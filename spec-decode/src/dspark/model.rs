@@ -322,6 +322,7 @@ impl DSparkDrafter {
             dims: self.dims.clone(),
             param_names: names,
             quantization: None,
+            head: super::config::TARGET_HEAD.to_string(),
         };
         let v = serde_json::to_value(&d).map_err(|e| Error::Contract(e.to_string()))?;
         write_json(&staged.path().join("dspark.json"), &v)?;
