@@ -1,6 +1,7 @@
 //! `cargo xtask …`: the project's gates and benchmarks.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod chisq;
 mod gates;
 mod parity;
@@ -32,6 +33,15 @@ enum Cmd {
         #[arg(long)]
         venv: Option<PathBuf>,
     },
+    /// Speed against mlx-lm, verify cost v(k), speculative speedup; writes target/bench/bench.json.
+    Bench {
+        /// A small checkpoint instead of the mid-size one (a few minutes; fit for CI).
+        #[arg(long)]
+        quick: bool,
+        /// Where checkpoints and the report go.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Speculative-decoding losslessness gates: greedy parity and distribution equality.
     Gates {
         /// Tokens per greedy-parity run.
@@ -57,6 +67,10 @@ fn target_dir() -> PathBuf {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
+        Cmd::Bench { quick, dir } => {
+            let dir = dir.unwrap_or_else(|| target_dir().join("bench"));
+            bench::run(&dir, &target_dir().join("reference-venv"), quick)
+        }
         Cmd::Parity { tokens, dir, venv } => {
             let dir = dir.unwrap_or_else(|| target_dir().join("parity"));
             let venv = venv.unwrap_or_else(|| target_dir().join("reference-venv"));

@@ -1,0 +1,264 @@
+//! `cargo xtask bench`: decode and prefill speed against mlx-lm, the verify cost curve v(k),
+//! and the speculative speedup, in one run on this machine (ratios only mean anything within
+//! a run). Writes `target/bench/bench.json`.
+//!
+//! Rows: a mid-size random checkpoint (≈230M parameters: hidden 1024, 8 layers, 4 KV-shared,
+//! PLE, vocabulary 32768; `--quick`: a small one) as stored (bf16), computed in f32 on the
+//! optimized BLAS, and quantized to 4 bits (as stored and dequantized to f32); and the
+//! embedded default model with its drafter for the end-to-end speedup.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use gemma4::checkpoint::{quantize_checkpoint, write_random_checkpoint};
+use gemma4::generate::{generate, ids_array, prefill, GenerateConfig};
+use gemma4::sampling::SamplerConfig;
+use gemma4::{ComputeDtype, Model, TextConfig};
+use mlx_core::{Device, Dtype};
+use serde_json::{json, Value};
+
+/// Sizes of one bench run.
+pub struct Plan {
+    pub reps: usize,
+    pub decode_tokens: usize,
+    pub prefill_tokens: usize,
+}
+
+impl Plan {
+    pub fn new(quick: bool) -> Plan {
+        if quick {
+            Plan { reps: 3, decode_tokens: 16, prefill_tokens: 128 }
+        } else {
+            Plan { reps: 3, decode_tokens: 24, prefill_tokens: 512 }
+        }
+    }
+}
+
+fn mid_config(quick: bool) -> Result<TextConfig> {
+    let (s, f) = ("sliding_attention", "full_attention");
+    let (hidden, vocab, heads, inter, ple) = if quick { (256, 4096, 4, 1024, 64) } else { (1024, 32768, 8, 4096, 256) };
+    let v = json!({
+        "model_type": "gemma4_text", "hidden_size": hidden, "num_hidden_layers": 8,
+        "layer_types": [s, s, s, f, s, s, s, f], "num_kv_shared_layers": 4,
+        "intermediate_size": inter, "use_double_wide_mlp": true,
+        "num_attention_heads": heads, "num_key_value_heads": 1, "head_dim": hidden / heads, "global_head_dim": 2 * hidden / heads,
+        "num_global_key_value_heads": null, "attention_k_eq_v": false,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+        },
+        "sliding_window": 512, "hidden_size_per_layer_input": ple,
+        "vocab_size": vocab, "vocab_size_per_layer_input": vocab, "final_logit_softcapping": 30.0,
+        "enable_moe_block": false, "tie_word_embeddings": true, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+    });
+    Ok(TextConfig::from_json_str(&v.to_string())?)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn ids(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| 4 + (i * 37 + 11) % (vocab as u32 - 4)).collect()
+}
+
+/// Ours: median decode tok/s (8-token prompt) and prefill tok/s.
+fn ours_speed(model: &Model, plan: &Plan) -> Result<(f64, f64)> {
+    let vocab = model.config().vocab_size;
+    let cfg = GenerateConfig { max_tokens: plan.decode_tokens, prefill_step: 2048, ..Default::default() };
+    let pcfg = GenerateConfig { max_tokens: 1, prefill_step: 2048, ..Default::default() };
+    generate(model, &ids(8, vocab), &GenerateConfig { max_tokens: 2, ..cfg.clone() }, |_| {})?; // warm-up
+    let (mut dec, mut pre) = (Vec::new(), Vec::new());
+    for _ in 0..plan.reps {
+        dec.push(generate(model, &ids(8, vocab), &cfg, |_| {})?.stats.decode_tok_per_s());
+        pre.push(generate(model, &ids(plan.prefill_tokens, vocab), &pcfg, |_| {})?.stats.prefill_tok_per_s());
+    }
+    Ok((median(dec), median(pre)))
+}
+
+/// mlx-lm on the same checkpoint (`f32`: cast with `set_dtype`, on our BLAS through LD_PRELOAD).
+fn reference_speed(python: &Path, dir: &Path, f32: bool, plan: &Plan, vocab: usize) -> Result<(f64, f64)> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/bench.py");
+    let job = json!({"model": dir, "f32": f32, "reps": plan.reps, "decode_tokens": plan.decode_tokens,
+                     "decode_prompt": ids(8, vocab), "prefill_prompt": ids(plan.prefill_tokens, vocab)});
+    let mut cmd = Command::new(python);
+    cmd.arg(&script).arg(job.to_string());
+    if let (true, Some(blas)) = (f32, mlx_core::blas::linked()) {
+        cmd.env("LD_PRELOAD", blas);
+    }
+    let out = cmd.output().context("running py/bench.py")?;
+    if !out.status.success() {
+        bail!("mlx-lm bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).context("parsing py/bench.py output")?;
+    Ok((v["decode_tok_per_s"].as_f64().unwrap_or(0.0), v["prefill_tok_per_s"].as_f64().unwrap_or(0.0)))
+}
+
+/// v(k) = T(k new tokens on a 64-token cache) / T(one decode step), stepwise and batched.
+fn verify_curve(model: &Model, reps: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let vocab = model.config().vocab_size;
+    let mut cache = model.new_cache();
+    prefill(model, &mut cache, &ids(64, vocab), 2048)?;
+    let time = |cache: &mut gemma4::Cache, k: usize, stepwise: bool| -> Result<f64> {
+        let x = ids_array(&ids(k, vocab))?;
+        let mut ts = Vec::new();
+        for _ in 0..reps + 1 {
+            let t = Instant::now();
+            let hidden = if stepwise {
+                model.forward_stepwise(&x, cache, None)?.hidden
+            } else {
+                model.forward(&x, Some(cache))?
+            };
+            model.logits_from_hidden(&hidden)?.eval()?;
+            ts.push(t.elapsed().as_secs_f64());
+            cache.trim(k)?;
+        }
+        ts.remove(0); // warm-up
+        Ok(median(ts))
+    };
+    let one = time(&mut cache, 1, false)?;
+    let mut stepwise = Vec::new();
+    let mut batched = Vec::new();
+    for k in 1..=8 {
+        stepwise.push(time(&mut cache, k, true)? / one);
+        batched.push(time(&mut cache, k, false)? / one);
+    }
+    Ok((stepwise, batched))
+}
+
+/// End-to-end speculative speedup on the embedded default pair, greedy and T = 1.
+fn speculative_speedup(reps: usize) -> Result<Value> {
+    let dir = dspark::default_model::ensure(false)?;
+    let ddir = dspark::default_model::ensure_drafter(&dir, false)?;
+    let (model, resolved) = Model::load_as(&dir, ComputeDtype::Auto, Device::Cpu)?;
+    let mut rows = Vec::new();
+    for (name, sampler) in
+        [("greedy", SamplerConfig::greedy()), ("T=1", SamplerConfig { temperature: 1.0, ..Default::default() })]
+    {
+        let cfg = GenerateConfig { max_tokens: 64, sampler, seed: 3, prefill_step: 2048, stop_tokens: vec![] };
+        let prompt = ids(8, model.config().vocab_size);
+        let (mut plain, mut spec, mut tau, mut syncs) = (Vec::new(), Vec::new(), 0.0, 0.0);
+        for _ in 0..reps {
+            let g = generate(&model, &prompt, &cfg, |_| {})?;
+            plain.push(g.stats.prefill_ms + g.stats.decode_ms);
+            let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;
+            let sc = spec_decode::SpecConfig { generate: cfg.clone(), gamma: None, pruning: spec_decode::Pruning::Off };
+            let s = spec_decode::speculative_generate(&model, drafter.as_mut(), &prompt, &sc, |_| {})?;
+            spec.push(s.stats.prefill_ms + s.stats.decode_ms);
+            tau = s.stats.tau();
+            syncs = s.stats.host_syncs as f64 / s.stats.rounds.max(1) as f64;
+        }
+        let (p, s) = (median(plain), median(spec));
+        rows.push(json!({"sampling": name, "plain_ms": p, "speculative_ms": s, "speedup": p / s.max(1e-9),
+                         "tau": tau, "host_syncs_per_round": syncs, "compute": resolved.describe()}));
+    }
+    Ok(Value::Array(rows))
+}
+
+/// Peak resident memory of this process (Linux `VmHWM`), in MB.
+fn peak_rss_mb() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = s.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
+    let plan = Plan::new(quick);
+    std::fs::create_dir_all(root)?;
+    let check = mlx_core::blas::sgemm_check(1024, 5)?;
+    println!(
+        "bench: MLX {} | BLAS {} | f32 1024² matmul {:.1} GFLOP/s | row quantum {} | {} CPU threads",
+        mlx_core::mlx_version(),
+        mlx_core::blas::linked().unwrap_or("bundled reference"),
+        check.gflops,
+        mlx_core::blas::row_quantum(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let cfg = mid_config(quick)?;
+    let name = if quick { "small-random" } else { "mid-random" };
+    let mid: PathBuf = root.join(format!("{name}-bf16"));
+    if !mid.join("config.json").is_file() {
+        eprintln!("bench: writing the {name} checkpoint (bf16) under {}", root.display());
+        write_random_checkpoint(&mid, &cfg, 99, Dtype::Bf16, 1, true)?;
+    }
+    let q4 = root.join(format!("{name}-q4"));
+    if !q4.join("config.json").is_file() {
+        quantize_checkpoint(&mid, &q4, 4, 64, true)?;
+    }
+    let python = crate::venv::ensure(venv)?;
+    let vocab = cfg.vocab_size;
+    let mut rows = Vec::new();
+    println!("\n| checkpoint | compute | decode tok/s ours | mlx-lm | ratio | prefill tok/s ours | mlx-lm | ratio |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let cases: [(&Path, ComputeDtype, &str, Option<bool>); 4] = [
+        (&mid, ComputeDtype::Stored, "bf16", Some(false)),
+        (&mid, ComputeDtype::F32, "f32 (auto)", Some(true)),
+        (&q4, ComputeDtype::Stored, "4-bit", Some(false)),
+        (&q4, ComputeDtype::F32, "4-bit → f32 (auto)", None),
+    ];
+    let mut curves = Vec::new();
+    for (dir, dtype, label, reference) in cases {
+        let (model, _) = Model::load_as(dir, dtype, Device::Cpu)?;
+        let (dec, pre) = ours_speed(&model, &plan)?;
+        let (rdec, rpre) = match reference {
+            Some(f32) => reference_speed(&python, dir, f32, &plan, vocab)?,
+            None => (0.0, 0.0),
+        };
+        let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.2}×", a / b) } else { "-".into() };
+        println!(
+            "| {} | {label} | {dec:.2} | {rdec:.2} | {} | {pre:.0} | {rpre:.0} | {} |",
+            dir.file_name().and_then(|n| n.to_str()).unwrap_or("?"),
+            ratio(dec, rdec),
+            ratio(pre, rpre)
+        );
+        rows.push(
+            json!({"checkpoint": dir, "compute": label, "decode_tok_per_s": dec, "mlx_lm_decode_tok_per_s": rdec,
+                         "prefill_tok_per_s": pre, "mlx_lm_prefill_tok_per_s": rpre}),
+        );
+        if matches!(dtype, ComputeDtype::F32 | ComputeDtype::Stored) && dir == mid.as_path() {
+            let (step, batch) = verify_curve(&model, plan.reps)?;
+            curves.push(json!({"compute": label, "stepwise": step, "batched": batch}));
+        }
+    }
+    println!("\nv(k) = cost of scoring k tokens / one decode step (64-token cache):");
+    println!("| compute | forward | k=1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for c in &curves {
+        for kind in ["stepwise", "batched"] {
+            let v: Vec<String> =
+                c[kind].as_array().into_iter().flatten().map(|x| format!("{:.2}", x.as_f64().unwrap_or(0.0))).collect();
+            println!("| {} | {kind} | {} |", c["compute"].as_str().unwrap_or("?"), v.join(" | "));
+        }
+    }
+    let spec = speculative_speedup(plan.reps)?;
+    println!("\nend to end on the embedded default pair (64 tokens):");
+    for r in spec.as_array().into_iter().flatten() {
+        println!(
+            "  {}: plain {:.0} ms, speculative {:.0} ms, speedup {:.2}×, τ {:.2}, {:.2} host syncs/round ({})",
+            r["sampling"].as_str().unwrap_or("?"),
+            r["plain_ms"].as_f64().unwrap_or(0.0),
+            r["speculative_ms"].as_f64().unwrap_or(0.0),
+            r["speedup"].as_f64().unwrap_or(0.0),
+            r["tau"].as_f64().unwrap_or(0.0),
+            r["host_syncs_per_round"].as_f64().unwrap_or(0.0),
+            r["compute"].as_str().unwrap_or("?")
+        );
+    }
+    let rss = peak_rss_mb();
+    println!("\npeak RSS {:.0} MB", rss.unwrap_or(0.0));
+    let report = json!({
+        "quick": quick, "blas": mlx_core::blas::linked(), "sgemm_gflops": check.gflops,
+        "row_quantum": mlx_core::blas::row_quantum(), "speed": rows, "verify_cost": curves,
+        "speculative": spec, "peak_rss_mb": rss,
+    });
+    let path = root.join("bench.json");
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(&report)?)?;
+    std::fs::rename(&tmp, &path)?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
