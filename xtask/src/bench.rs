@@ -234,6 +234,19 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
             println!("| {} | {kind} | {} |", c["compute"].as_str().unwrap_or("?"), v.join(" | "));
         }
     }
+    let png = root.join("verify_cost.png");
+    let plot_curves: Vec<crate::plot::Curve> = curves
+        .iter()
+        .flat_map(|c| {
+            ["stepwise", "batched"].map(|kind| crate::plot::Curve {
+                label: format!("{} {kind}", c["compute"].as_str().unwrap_or("?")),
+                values: c[kind].as_array().into_iter().flatten().filter_map(Value::as_f64).collect(),
+            })
+        })
+        .collect();
+    if crate::plot::verify_cost(&png, &format!("verify cost, {name} checkpoint (64-token cache)"), &plot_curves)? {
+        println!("wrote {}", png.display());
+    }
     let spec = speculative_speedup(plan.reps)?;
     println!("\nend to end on the embedded default pair (64 tokens):");
     for r in spec.as_array().into_iter().flatten() {

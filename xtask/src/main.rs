@@ -5,6 +5,7 @@ mod bench;
 mod chisq;
 mod gates;
 mod parity;
+mod plot;
 mod venv;
 
 use std::path::PathBuf;
