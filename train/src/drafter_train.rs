@@ -190,6 +190,7 @@ pub fn train_drafter(
     let load = |ps: &[PathBuf]| ps.iter().map(|p| read_shard(p)).collect::<Result<Vec<_>>>();
     let (train_shards, val_shards) = (load(&split.train)?, load(&split.val)?);
     let names = init.config().param_names();
+    let _lock = crate::lock::DirLock::acquire(out, "train")?;
     let state_dir = out.join("state");
     let mut state = if resume {
         let s = TrainState::load(&state_dir)?;

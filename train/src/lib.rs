@@ -22,6 +22,7 @@ mod clip;
 pub mod drafter_train;
 mod error;
 pub mod live;
+pub mod lock;
 pub mod regen;
 mod rng;
 pub mod sampler;

@@ -564,6 +564,7 @@ pub fn regen(
         tap_layers: opts.taps.clone(),
         mode: opts.mode.clone(),
     };
+    let _lock = crate::lock::DirLock::acquire(out, "regen")?;
     let mut resume = prepare(out, &header, opts.force)?;
     let done = std::mem::take(&mut resume.done);
     for (&i, (h, shard)) in &done {
