@@ -31,11 +31,14 @@ mod error;
 pub mod loader;
 pub mod oracle;
 pub mod probs;
+pub mod reliability;
 mod rule;
 pub mod schedule;
 pub mod stats;
+pub mod sts;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod throughput;
 pub mod verify;
 
 pub use decode::{decode_from, prefill, speculative_generate, FinishReason, Prefilled, SpecConfig, SpecOutput};

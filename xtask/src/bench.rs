@@ -130,6 +130,43 @@ fn verify_curve(model: &Model, reps: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     Ok((stepwise, batched))
 }
 
+/// A DSpark drafter's round (γ drafts, greedy) after contexts of 64..8192 rows: its context
+/// K/V are built once at `reset`/`commit`, so a round should cost about the same at any length.
+fn drafter_round_cost(model: &Model, rows: &[usize], reps: usize) -> Result<Vec<(usize, f64)>> {
+    use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
+    use spec_decode::{DraftRequest, DraftSampling, Drafter};
+    let tcfg = model.config();
+    let n = tcfg.num_hidden_layers;
+    let cfg = DSparkConfig { gamma: 7, ..DSparkConfig::with_taps(vec![n / 2, n]) };
+    let mut drafter = DSparkDrafter::init(cfg, tcfg, "bench", 5, true)?;
+    let width = (2 * tcfg.hidden_size) as i32;
+    let cache = model.new_cache();
+    let anchor = mlx_core::Array::from_slice(&[7u32], &[1])?;
+    let mut out = Vec::new();
+    for &l in rows {
+        let key = mlx_core::random::key(l as u64)?;
+        let ctx = mlx_core::random::normal(&[1, l as i32, width], model.dtype(), 0.0, 1.0, &key)?;
+        drafter.reset(Some(&ctx), l)?;
+        let mut ts = Vec::new();
+        for _ in 0..reps + 1 {
+            let t = Instant::now();
+            let req = DraftRequest {
+                anchor: &anchor,
+                position: l,
+                max_drafts: 7,
+                sampling: DraftSampling::Greedy,
+                target: model,
+                target_cache: &cache,
+            };
+            drafter.propose(req)?.tokens.eval()?;
+            ts.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        ts.remove(0);
+        out.push((l, median(ts)));
+    }
+    Ok(out)
+}
+
 /// End-to-end speculative speedup on the embedded default pair, greedy and T = 1.
 fn speculative_speedup(reps: usize) -> Result<Value> {
     let dir = dspark::default_model::ensure(false)?;
@@ -201,6 +238,7 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
         (&q4, ComputeDtype::F32, "4-bit → f32 (auto)", None),
     ];
     let mut curves = Vec::new();
+    let mut drafter_rounds = Vec::new();
     for (dir, dtype, label, reference) in cases {
         let (model, _) = Model::load_as(dir, dtype, Device::Cpu)?;
         let (dec, pre) = ours_speed(&model, &plan)?;
@@ -222,6 +260,10 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
         if matches!(dtype, ComputeDtype::F32 | ComputeDtype::Stored) && dir == mid.as_path() {
             let (step, batch) = verify_curve(&model, plan.reps)?;
             curves.push(json!({"compute": label, "stepwise": step, "batched": batch}));
+            if dtype == ComputeDtype::F32 {
+                let sizes: &[usize] = if quick { &[64, 512, 2048] } else { &[64, 512, 2048, 8192] };
+                drafter_rounds = drafter_round_cost(&model, sizes, plan.reps)?;
+            }
         }
     }
     println!("\nv(k) = cost of scoring k tokens / one decode step (64-token cache):");
@@ -233,6 +275,11 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
                 c[kind].as_array().into_iter().flatten().map(|x| format!("{:.2}", x.as_f64().unwrap_or(0.0))).collect();
             println!("| {} | {kind} | {} |", c["compute"].as_str().unwrap_or("?"), v.join(" | "));
         }
+    }
+    let base = drafter_rounds.first().map_or(1.0, |r| r.1);
+    println!("\nDSpark drafter round (γ 7, greedy, f32) by context rows:");
+    for (l, ms) in &drafter_rounds {
+        println!("  {l:>5} rows: {ms:.2} ms ({:.2}× the 64-row cost)", ms / base.max(1e-9));
     }
     let png = root.join("verify_cost.png");
     let plot_curves: Vec<crate::plot::Curve> = curves
@@ -266,6 +313,7 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
     let report = json!({
         "quick": quick, "blas": mlx_core::blas::linked(), "sgemm_gflops": check.gflops,
         "row_quantum": mlx_core::blas::row_quantum(), "speed": rows, "verify_cost": curves,
+        "drafter_round_ms": drafter_rounds.iter().map(|(l, ms)| json!({"context_rows": l, "ms": ms})).collect::<Vec<_>>(),
         "speculative": spec, "peak_rss_mb": rss,
     });
     let path = root.join("bench.json");

@@ -1,0 +1,71 @@
+//! Hardware-aware draft length for one request (the paper's Algorithm 1): with calibrated
+//! survivals a_j = ∏_{i≤j} c_i and the profiled verify cost v(n) = T_verify(n) / T_decode(1),
+//! admit draft positions in order while the expected throughput
+//! Θ(ℓ) = (1 + Σ_{j≤ℓ} a_j) / v(1 + ℓ) improves, and stop at the first position that does not
+//! improve it. Stopping there (never looking past a non-improving position) makes the window a
+//! stopping time of the drafts already seen, which keeps speculative sampling exact; choosing
+//! the window after seeing every confidence would not be.
+
+/// The number of drafts to verify (0 = a plain decode step) for a block whose survivals are
+/// `survival[j]` (position j, 0-based) under verify costs `cost[n - 1]` = v(n), n = 1, 2, ….
+/// Never longer than the block or the profile allows; never admits a survival ≤ 0.
+pub fn throughput_window(survival: &[f32], cost: &[f32]) -> usize {
+    let Some(&base) = cost.first() else { return 0 };
+    if !(base.is_finite() && base > 0.0) {
+        return 0;
+    }
+    let mut expected = 1f64; // tokens a round emits: the bonus/correction plus accepted drafts
+    let mut best = expected / base as f64;
+    let mut window = 0;
+    for (j, &a) in survival.iter().enumerate() {
+        let Some(&v) = cost.get(j + 1) else { break };
+        if !(a.is_finite() && a > 0.0 && v.is_finite() && v > 0.0) {
+            break;
+        }
+        let theta = (expected + a as f64) / v as f64;
+        if theta <= best {
+            break;
+        }
+        best = theta;
+        expected += a as f64;
+        window = j + 1;
+    }
+    window
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FLAT: [f32; 9] = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4];
+
+    #[test]
+    fn admits_a_leading_prefix_while_it_pays() {
+        assert_eq!(throughput_window(&[0.9, 0.8, 0.7, 0.6], &FLAT), 4);
+        // Θ: 1 → 1.9/1.05 → 1.95/1.1 = 1.77 < 1.81: stops after one.
+        assert_eq!(throughput_window(&[0.9, 0.05, 0.04], &FLAT), 1);
+    }
+
+    #[test]
+    fn never_admits_a_zero_survival_or_looks_past_a_stop() {
+        assert_eq!(throughput_window(&[0.9, 0.0, 0.9], &[1.0, 1.0, 1.0, 1.0]), 1, "free verify, zero survival");
+        // Position 1 does not pay, position 2 would: the early stop never reaches it.
+        assert_eq!(throughput_window(&[0.9, 0.01, 0.99], &FLAT), 1);
+        assert_eq!(throughput_window(&[f32::NAN, 0.9], &FLAT), 0);
+    }
+
+    #[test]
+    fn respects_a_cost_cliff_and_the_block_length() {
+        let cliff = [1.0, 1.05, 1.1, 3.0, 3.05];
+        assert_eq!(throughput_window(&[0.95, 0.9, 0.85, 0.8], &cliff), 2, "v jumps at 4 tokens: stop before");
+        assert_eq!(throughput_window(&[0.99; 3], &FLAT), 3, "never more than the block");
+        assert_eq!(throughput_window(&[0.99; 8], &FLAT[..4]), 3, "never more than the profile");
+    }
+
+    #[test]
+    fn empty_window_when_one_draft_does_not_pay() {
+        assert_eq!(throughput_window(&[0.3, 0.9], &[1.0, 1.5, 1.6]), 0, "1.3/1.5 < 1");
+        assert_eq!(throughput_window(&[], &FLAT), 0);
+        assert_eq!(throughput_window(&[0.9], &[]), 0);
+    }
+}
