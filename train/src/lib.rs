@@ -29,6 +29,7 @@ pub mod sampler;
 mod schedule;
 pub mod shards;
 mod state;
+pub mod target_train;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::clip_global_norm;

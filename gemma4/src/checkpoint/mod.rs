@@ -20,7 +20,7 @@ pub use crate::staging::StagedDir;
 #[cfg(feature = "testing")]
 pub use hf_layout::write_hf_layout;
 pub use quantize::quantize_checkpoint;
-pub use random::{param_specs, random_weights, write_random_checkpoint, Init, ParamSpec};
+pub use random::{param_specs, random_weights, write_random_checkpoint, write_weights, Init, ParamSpec};
 pub use shards::{write_json, write_shards, ShardWriter};
 pub use tokenizer::write_word_level_tokenizer;
 

@@ -114,6 +114,15 @@ pub fn random_weights(cfg: &TextConfig, seed: u64, dtype: Dtype) -> Result<BTree
     Ok(out)
 }
 
+/// Writes `weights` (text-model-relative names, as [`param_specs`] lists them) and `cfg` into
+/// `dir` in the flat `gemma4_text` layout (`model.*` names, `config.json`), in `shards` files.
+/// The caller stages `dir` (see [`StagedDir`]) and adds the tokenizer.
+pub fn write_weights(dir: &Path, cfg: &TextConfig, weights: &BTreeMap<String, Array>, shards: usize) -> Result<()> {
+    let named: BTreeMap<String, Array> = weights.iter().map(|(k, v)| (full_name(k, "model."), v.clone())).collect();
+    write_shards(dir, &named, shards)?;
+    write_json(&dir.join("config.json"), &cfg.to_json_value())
+}
+
 /// Writes a random-weight checkpoint for `cfg` in the flat `gemma4_text` layout (`model.*`),
 /// with a word-level tokenizer.
 pub fn write_random_checkpoint(
@@ -125,10 +134,7 @@ pub fn write_random_checkpoint(
     force: bool,
 ) -> Result<PathBuf> {
     let staged = StagedDir::new(dest, force)?;
-    let weights = random_weights(cfg, seed, dtype)?;
-    let named: BTreeMap<String, Array> = weights.into_iter().map(|(k, v)| (full_name(&k, "model."), v)).collect();
-    write_shards(staged.path(), &named, shards)?;
-    write_json(&staged.path().join("config.json"), &cfg.to_json_value())?;
+    write_weights(staged.path(), cfg, &random_weights(cfg, seed, dtype)?, shards)?;
     write_word_level_tokenizer(staged.path(), cfg.vocab_size)?;
     staged.commit()
 }
