@@ -32,6 +32,7 @@ fn main() {
 fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=src/sys/shim.h");
     println!("cargo:rerun-if-changed=src/sys/shim.cc");
+    println!("cargo:rerun-if-changed=src/sys/row_linear.cc");
     println!("cargo:rerun-if-changed=src/sys/mod.rs");
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
@@ -55,6 +56,9 @@ fn run() -> Result<(), String> {
     }
     build
         .file("src/sys/shim.cc")
+        .file("src/sys/row_linear.cc")
+        // The row-invariant kernel is hot code: optimise it even in dev builds.
+        .opt_level(3)
         .include(&include)
         .std("c++20")
         .flag_if_supported("-Wno-unused-parameter")

@@ -37,9 +37,11 @@ pub fn run(a: Args) -> Result<()> {
              openblas-devel (Fedora) and rebuild, or set MLX_CORE_BLAS to a libopenblas/libblis .so"
         }
     );
+    let q = blas::row_quantum();
     println!(
-        "row quantum: {} (f32 matmul rows padded to a multiple of it get the same bits in any batch)",
-        blas::row_quantum()
+        "BLAS rows batch-invariant: {} ; decode/verify products use the row-invariant kernel: {}",
+        if q == 1 { "yes".to_string() } else { format!("no (only in multiples of {q} rows)") },
+        yes_no(blas::row_linear_enabled())
     );
     if let Ok(threads) = std::env::var("OPENBLAS_NUM_THREADS") {
         println!("OPENBLAS_NUM_THREADS={threads}");

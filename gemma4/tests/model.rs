@@ -121,9 +121,10 @@ fn stepwise_rows_are_one_by_one_decoding() {
     check_stepwise_rounds(&Model::load(common::tiny_b_f32()).unwrap(), 10, &rounds);
 }
 
-/// The CPU fast path: bf16 weights cast to f32 at load, and 4-bit weights dequantized to f32,
-/// run on the optimized BLAS, whose rows are batch-invariant only when padded to its row
-/// quantum (see `mlx_core::blas::row_quantum`); stepwise rows must still be decode steps.
+/// The CPU fast path: bf16 weights cast to f32 at load, and 4-bit weights dequantized to f32.
+/// The optimized BLAS's rows depend on the batch; few-row products use mlx-core's row-invariant
+/// kernel instead (`mlx_core::blas::row_linear`), so stepwise rows must still be decode steps.
+/// (With `MLX_CORE_ROW_LINEAR=0` this test fails on OpenBLAS: that is the point of the kernel.)
 #[test]
 fn stepwise_rows_are_one_by_one_decoding_in_f32() {
     let rounds = [(4, 1), (8, 2), (1, 1), (6, 6), (5, 3), (9, 9), (3, 2)];

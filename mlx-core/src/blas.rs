@@ -64,15 +64,13 @@ fn time_sgemm(n: usize, reps: usize) -> Result<SgemmCheck> {
     Ok(SgemmCheck { n, gflops: flops / best.max(1e-9) / 1e9 })
 }
 
-/// The row count f32 matmuls must be padded to (a multiple of) for every row to get the same
-/// bits whatever the batch: optimized BLAS kernels compute full tiles of rows one way and tail
-/// rows another (OpenBLAS on AVX2: tiles of 8), and single rows may take yet another path. With
-/// rows padded to the quantum every row goes through the full-tile kernel, so a one-token decode
-/// step and a row of an 8-token verify agree bit for bit, which stepwise verification needs.
+/// The row count f32 BLAS matmuls must be padded to (a multiple of) for every row to get the
+/// same bits whatever the batch: optimized BLAS kernels compute full tiles of rows one way and
+/// tail rows another (OpenBLAS on AVX2: tiles of 8), and single rows may take yet another path.
+/// A diagnostic (`dspark doctor`): models use [`row_linear`] for the products that must agree.
 ///
 /// Probed once per process on the CPU (a few dozen small matmuls); 1 for a BLAS whose rows are
-/// always batch-invariant (MLX's bundled reference BLAS). `MLX_CORE_ROW_QUANTUM=N` overrides the
-/// probe (N = 1 reproduces mlx-lm's unpadded kernels, for bit-parity checks against it).
+/// always batch-invariant (MLX's bundled reference BLAS). `MLX_CORE_ROW_QUANTUM=N` overrides it.
 pub fn row_quantum() -> usize {
     static QUANTUM: OnceLock<usize> = OnceLock::new();
     *QUANTUM.get_or_init(|| {
@@ -94,6 +92,28 @@ pub fn row_quantum() -> usize {
             }
         }
     })
+}
+
+/// Row counts up to which [`row_linear`] serves f32 products (decode steps, verify windows);
+/// larger products (prefill chunks) go to the BLAS, whose batching they need.
+pub const ROW_LINEAR_MAX_ROWS: usize = 64;
+
+/// Whether models should use [`row_linear`] for few-row f32 products on the CPU (default yes).
+/// `MLX_CORE_ROW_LINEAR=0` sends them to the BLAS like every other product, which reproduces
+/// mlx-lm's kernels bit for bit (the parity gate does this) but makes a decode step's bits
+/// differ from the same row inside a verify window.
+pub fn row_linear_enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("MLX_CORE_ROW_LINEAR").map_or(true, |v| v.trim() != "0"))
+}
+
+/// `x @ wᵀ` for f32 `x` `[M, K]` and `w` `[N, K]` (the `nn.Linear` layout) on the CPU, with
+/// each row's bits independent of M and of the row's place: one dot product per element with a
+/// fixed eight-lane order. Weights are streamed once per call, so few-row products cost about
+/// what a one-row product does (memory-bound), unlike padding rows to the BLAS's tile.
+#[track_caller]
+pub fn row_linear(x: &Array, w: &Array) -> Result<Array> {
+    Array::wrap("row_linear", crate::sys::ffi::row_linear(x.raw(), w.raw()))
 }
 
 /// Zero rows appended to `x` // `[R, K]` -> `[ceil(R / quantum) · quantum, K]`

@@ -416,3 +416,29 @@ fn f32_matmul_rows_padded_to_the_row_quantum_are_batch_invariant() {
     // do depend on the batch (else the probe would have chosen 1).
     assert_eq!(unpadded_differs, q > 1, "row quantum {q} but unpadded rows differ: {unpadded_differs}");
 }
+
+/// The few-row f32 kernel: every row's bits are the same whatever the row count and the row's
+/// place, without padding, and the values are the matmul's up to rounding.
+#[test]
+fn row_linear_rows_are_batch_invariant_and_correct() {
+    for &(k, n) in &[(1usize, 3usize), (13, 9), (128, 512), (1024, 4096), (1000, 1030)] {
+        let key = random::key(7 + k as u64).unwrap();
+        let w = random::normal(&[n as i32, k as i32], Dtype::F32, 0.0, 0.05, &key).unwrap(); // [N, K]
+        let x = random::normal(&[40, k as i32], Dtype::F32, 0.0, 1.0, &key).unwrap();
+        let all = mlx_core::blas::row_linear(&x, &w).unwrap();
+        let reference = x.matmul(&w.transpose(&[1, 0]).unwrap()).unwrap();
+        let (a, r) = (f32s(&all), f32s(&reference));
+        let max = a.iter().zip(&r).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+        assert!(max < 1e-4 * (k as f32).sqrt().max(1.0), "[40, {k}] x [{n}, {k}]ᵀ differs from matmul by {max}");
+        for (start, rows) in [(0, 1), (5, 1), (3, 2), (7, 5), (0, 8), (11, 9), (20, 17)] {
+            let part = mlx_core::blas::row_linear(&x.slice_axis(0, start, start + rows).unwrap(), &w).unwrap();
+            let want = all.slice_axis(0, start, start + rows).unwrap();
+            assert_eq!(part.to_bytes().unwrap(), want.to_bytes().unwrap(), "k {k} n {n}: rows {start}..+{rows}");
+        }
+    }
+    // A transposed view is made contiguous first; a wrong inner size is refused.
+    let w = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let x = Array::from_slice(&[1.0f32, 1.0], &[1, 2]).unwrap();
+    assert_eq!(f32s(&mlx_core::blas::row_linear(&x, &w.transpose(&[1, 0]).unwrap()).unwrap()), vec![4.0, 6.0]);
+    assert!(mlx_core::blas::row_linear(&x, &Array::zeros(&[2, 3], Dtype::F32).unwrap()).is_err());
+}

@@ -185,10 +185,10 @@ fn check(job: &Job, reference: &Path, first_of_model: bool) -> Result<Row> {
 
 /// Runs the gate; fails unless every row is exact.
 pub fn run(root: &Path, venv: &Path, tokens: usize) -> Result<()> {
-    // mlx-lm multiplies f32 rows unpadded; so do we here (before anything probes the quantum),
-    // which makes these rows the same BLAS kernels. Decoding pads to the row quantum so that
-    // verify rows equal decode rows; tests/model.rs checks that side.
-    std::env::set_var("MLX_CORE_ROW_QUANTUM", "1");
+    // mlx-lm multiplies every f32 product on the BLAS; so do we here (instead of the few-row
+    // kernel that makes verify rows equal decode rows, which gemma4's tests check), so the f32
+    // rows compare the same kernels.
+    std::env::set_var("MLX_CORE_ROW_LINEAR", "0");
     std::fs::create_dir_all(root)?;
     eprintln!("parity: writing tiny checkpoints under {}", root.display());
     let models = checkpoints(root)?;

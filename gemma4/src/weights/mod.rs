@@ -38,7 +38,7 @@ impl LinearWeights {
     /// `x @ Wᵀ` for W `[out, in]`: the `nn.Linear` / tied-head product // `[.., in]` -> `[.., out]`
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
         Ok(match self {
-            LinearWeights::Dense(w) if w.dtype() == Dtype::F32 => padded_matmul_t(x, w)?,
+            LinearWeights::Dense(w) if w.dtype() == Dtype::F32 => f32_matmul_t(x, w)?,
             LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
             LinearWeights::Quantized(q) => q.matmul_t(x)?,
         })
@@ -58,21 +58,19 @@ impl LinearWeights {
     }
 }
 
-/// `x @ Wᵀ` in f32 with the rows padded to the BLAS row quantum, so that each row's bits do not
-/// depend on how many rows are multiplied together (a decode step's one, a verify's γ+1): the
-/// optimized BLAS computes tail rows with other kernels than full tiles. MLX's own bf16/f16 and
-/// quantized kernels have no such tails and are left alone.
-fn padded_matmul_t(x: &Array, w: &Array) -> Result<Array> {
-    let wt = w.transpose(&[1, 0])?;
-    let quantum = mlx_core::blas::row_quantum();
-    if quantum <= 1 {
-        return Ok(x.matmul(&wt)?);
-    }
+/// `x @ Wᵀ` in f32. On the CPU, products of few rows (decode steps, verify windows) use
+/// mlx-core's row-invariant kernel, so a row's bits do not depend on how many rows are
+/// multiplied together — which an optimized BLAS does not guarantee and stepwise verification
+/// needs (docs/numerics.md). Larger products (prefill) and GPU products use MLX's matmul.
+fn f32_matmul_t(x: &Array, w: &Array) -> Result<Array> {
     let shape = x.shape()?; // [.., in]
     let inp = *shape.last().unwrap_or(&0);
     let rows = x.size()? / (inp.max(1) as usize);
-    let flat = x.reshape(&[rows as i32, inp])?; // [R, in]
-    let out = mlx_core::blas::pad_rows(&flat, quantum)?.matmul(&wt)?.slice_axis(0, 0, rows as i32)?; // [R, out]
+    let few = rows <= mlx_core::blas::ROW_LINEAR_MAX_ROWS && rows > 0;
+    if !(few && mlx_core::blas::row_linear_enabled() && mlx_core::Device::default_device()? == mlx_core::Device::Cpu) {
+        return Ok(x.matmul(&w.transpose(&[1, 0])?)?);
+    }
+    let out = mlx_core::blas::row_linear(&x.reshape(&[rows as i32, inp])?, w)?; // [R, out]
     let mut out_shape = shape;
     if let Some(last) = out_shape.last_mut() {
         *last = -1;

@@ -152,6 +152,9 @@ pub(crate) mod ffi {
         fn value_and_grad(ctx: &mut GradCtx<'_>, inputs: &ArrayList, argnums: &[i32]) -> Result<UniquePtr<ArrayList>>;
         fn vjp(ctx: &mut GradCtx<'_>, primals: &ArrayList, cotangents: &ArrayList) -> Result<UniquePtr<ArrayList>>;
         fn stop_gradient(a: &Array) -> Result<UniquePtr<Array>>;
+
+        // ---- row-invariant few-row f32 linear (row_linear.cc) ----
+        fn row_linear(x: &Array, w: &Array) -> Result<UniquePtr<Array>>;
     }
 
     extern "Rust" {

@@ -87,6 +87,8 @@ ArrayPtr cumsum(const Array& a, int32_t axis, bool reverse, bool inclusive);
 
 // ---- linear algebra ----
 ArrayPtr matmul(const Array& a, const Array& b);
+// x [M, K] @ w [N, K]ᵀ in f32 with every row's bits independent of M (row_linear.cc).
+ArrayPtr row_linear(const Array& x, const Array& w);
 
 // ---- fast ----
 // `weight` holds zero or one array: MLX's optional weight.

@@ -1,0 +1,197 @@
+// A row-invariant f32 `x @ Wᵀ` for few rows (decode steps and verify windows) on the CPU.
+//
+// Optimized BLAS libraries compute a row's dot products in an order that depends on how many
+// rows are multiplied together (full tiles vs tail kernels), so a one-token decode step and the
+// same token inside a verify window would get different bits. This kernel fixes the order by
+// construction: each output element is one dot product over K with eight interleaved partial
+// sums (lane l takes k ≡ l mod 8) reduced in a fixed tree, whatever M is and wherever the row
+// sits. Weights are streamed once per call: each block of 4 weight rows stays in L1 while every
+// input row is multiplied with it, which keeps few-row products memory-bound like a GEMV.
+#include "mlx-core/src/sys/shim.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define MLXR_X86 1
+#endif
+
+namespace mx = mlx::core;
+
+namespace mlxr {
+namespace {
+
+// Portable form: the same eight-lane structure in plain C++ (one machine, one code path).
+void block_generic(const float* x, const float* w, float* y, int M, int K, int N, int n0, int n1) {
+  for (int n = n0; n < n1; ++n) {
+    const float* wr = w + static_cast<size_t>(n) * K;
+    for (int m = 0; m < M; ++m) {
+      const float* xr = x + static_cast<size_t>(m) * K;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int k = 0;
+      for (; k + 8 <= K; k += 8) {
+        for (int l = 0; l < 8; ++l) acc[l] += xr[k + l] * wr[k + l];
+      }
+      float tail = 0;
+      for (; k < K; ++k) tail += xr[k] * wr[k];
+      y[static_cast<size_t>(m) * N + n] =
+          ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + tail;
+    }
+  }
+}
+
+#ifdef MLXR_X86
+__attribute__((target("avx2,fma"))) inline float reduce8(__m256 v) {
+  // Fixed tree: (l0+l4, l1+l5, l2+l6, l3+l7), then (0+2, 1+3), then 0+1.
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// Four weight rows at a time against every input row: four independent FMA chains.
+__attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float* w, float* y, int M, int K, int N,
+                                                   int n0, int n1) {
+  const int k8 = K & ~7;
+  int n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    const float* w0 = w + static_cast<size_t>(n) * K;
+    const float* w1 = w0 + K;
+    const float* w2 = w1 + K;
+    const float* w3 = w2 + K;
+    for (int m = 0; m < M; ++m) {
+      const float* xr = x + static_cast<size_t>(m) * K;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+             a3 = _mm256_setzero_ps();
+      for (int k = 0; k < k8; k += 8) {
+        __m256 xv = _mm256_loadu_ps(xr + k);
+        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + k), a0);
+        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + k), a1);
+        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + k), a2);
+        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + k), a3);
+      }
+      float t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+      for (int k = k8; k < K; ++k) {
+        t0 = std::fma(xr[k], w0[k], t0);
+        t1 = std::fma(xr[k], w1[k], t1);
+        t2 = std::fma(xr[k], w2[k], t2);
+        t3 = std::fma(xr[k], w3[k], t3);
+      }
+      float* yr = y + static_cast<size_t>(m) * N + n;
+      yr[0] = reduce8(a0) + t0;
+      yr[1] = reduce8(a1) + t1;
+      yr[2] = reduce8(a2) + t2;
+      yr[3] = reduce8(a3) + t3;
+    }
+  }
+  // Leftover weight rows: the same single-row arithmetic.
+  for (; n < n1; ++n) {
+    const float* w0 = w + static_cast<size_t>(n) * K;
+    for (int m = 0; m < M; ++m) {
+      const float* xr = x + static_cast<size_t>(m) * K;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int k = 0; k < k8; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xr + k), _mm256_loadu_ps(w0 + k), a0);
+      float t0 = 0;
+      for (int k = k8; k < K; ++k) t0 = std::fma(xr[k], w0[k], t0);
+      y[static_cast<size_t>(m) * N + n] = reduce8(a0) + t0;
+    }
+  }
+}
+
+bool has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
+void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, int N) {
+  auto block = [&](int n0, int n1) {
+#ifdef MLXR_X86
+    if (has_avx2_fma()) return block_avx2(x, w, y, M, K, N, n0, n1);
+#endif
+    block_generic(x, w, y, M, K, N, n0, n1);
+  };
+  // Split the output columns across threads in multiples of 4 (the split never changes a
+  // column's arithmetic). Small products stay on one thread: spawning costs more than it saves.
+  const size_t work = static_cast<size_t>(N) * K * std::max(M, 1);
+  int threads = static_cast<int>(std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 8u));
+  if (work < (size_t(1) << 20)) threads = 1;
+  const int per = ((N + threads - 1) / threads + 3) & ~3;
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) {
+    int n0 = std::min(N, t * per), n1 = std::min(N, (t + 1) * per);
+    if (n0 < n1) pool.emplace_back(block, n0, n1);
+  }
+  block(0, std::min(N, per));
+  for (auto& th : pool) th.join();
+}
+
+class RowLinear : public mx::UnaryPrimitive {
+ public:
+  explicit RowLinear(mx::Stream s) : mx::UnaryPrimitive(s) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& x = inputs[0];
+    const mx::array& w = inputs[1];
+    if (!x.flags().row_contiguous || !w.flags().row_contiguous) {
+      throw std::invalid_argument("RowLinear: inputs must be row-contiguous");
+    }
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_input_array(w);
+    enc.set_output_array(out);
+    const int M = x.shape(0), K = x.shape(1), N = w.shape(0);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
+                  out = mx::array::unsafe_weak_copy(out), M, K, N]() mutable {
+      row_linear_kernel(x.data<float>(), w.data<float>(), out.data<float>(), M, K, N);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("RowLinear runs on the CPU only");
+  }
+
+  // d(x Wᵀ): dx = dy W, dW = dyᵀ x (plain MLX ops; training never needs the row invariance).
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>&) override {
+    std::vector<mx::array> grads;
+    for (int a : argnums) {
+      if (a == 0) {
+        grads.push_back(mx::matmul(cotangents[0], primals[1], stream()));
+      } else {
+        grads.push_back(mx::matmul(mx::transpose(cotangents[0], {1, 0}, stream()), primals[0], stream()));
+      }
+    }
+    return grads;
+  }
+
+  DEFINE_NAME(RowLinear)
+  DEFINE_DEFAULT_IS_EQUIVALENT()
+};
+
+}  // namespace
+
+ArrayPtr row_linear(const Array& x, const Array& w) {
+  const auto& xi = x.inner;
+  const auto& wi = w.inner;
+  if (xi.ndim() != 2 || wi.ndim() != 2 || xi.shape(1) != wi.shape(1)) {
+    throw std::invalid_argument("row_linear: expected x [M, K] and w [N, K]");
+  }
+  if (xi.dtype() != mx::float32 || wi.dtype() != mx::float32) {
+    throw std::invalid_argument("row_linear: only float32 is supported");
+  }
+  auto s = mx::default_stream(mx::Device(mx::Device::cpu));
+  auto xc = mx::contiguous(xi, false, s);
+  auto wc = mx::contiguous(wi, false, s);
+  return std::make_unique<Array>(mx::array({xi.shape(0), wi.shape(0)}, mx::float32, std::make_shared<RowLinear>(s),
+                                           {xc, wc}));
+}
+
+}  // namespace mlxr
