@@ -3,7 +3,9 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use dspark::{calibrate, default_model, eval_drafter, generate, quantize_drafter, quantize_target, regen, train};
+use dspark::{
+    calibrate, default_model, eval_drafter, generate, quantize_drafter, quantize_target, regen, serve, train,
+};
 
 #[derive(Parser)]
 #[command(name = "dspark", version, about = "Gemma-4 on MLX with lossless speculative decoding")]
@@ -29,6 +31,9 @@ enum Cmd {
     Train(train::Args),
     /// Live τ (greedy and sampled) next to analytic τ for a DSpark drafter on held-out prompts.
     EvalDrafter(eval_drafter::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/completions,
+    /// /v1/chat/completions), decoding speculatively with --drafter.
+    Serve(serve::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
     InitDefault {
         /// Replace an existing default checkpoint.
@@ -46,6 +51,7 @@ fn main() -> Result<()> {
         Cmd::Regen(args) => regen::run(args),
         Cmd::Train(args) => train::run(args),
         Cmd::EvalDrafter(args) => eval_drafter::run(args),
+        Cmd::Serve(args) => serve::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;
             let drafter = default_model::ensure_drafter(&dir, force)?;
