@@ -177,10 +177,10 @@ pub fn run(a: Args) -> Result<()> {
     let req = Request { prompt: prompt.clone(), generate: cfg.clone(), stop: a.stop.clone(), gamma: a.gamma, pruning };
     // The server's decoding path: the same session type, run to the end here.
     let mut drafter = drafter;
-    let session = Session::start(&model, lend(&mut drafter), &req, text_out, None)?;
+    let session = Session::start(&model, drafter.as_deref_mut(), &req, text_out, None)?;
     let mut out = std::io::stdout().lock();
     let mut printed = 0usize;
-    let res = session.run(&model, lend(&mut drafter), |step| {
+    let res = session.run(&model, drafter.as_deref_mut(), |step| {
         let piece = match text_out {
             Some(_) => step.text.clone(),
             None => step
@@ -236,10 +236,4 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The drafter, if any, as the session takes it (a trait object behind `&mut` cannot shorten
-/// its lifetime inside an `Option` by itself).
-fn lend(d: &mut Option<Box<dyn spec_decode::Drafter>>) -> Option<&mut dyn spec_decode::Drafter> {
-    d.as_mut().map(|d| &mut **d as &mut dyn spec_decode::Drafter)
 }

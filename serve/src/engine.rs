@@ -15,6 +15,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -47,6 +48,10 @@ pub struct EngineConfig {
     pub prompt_cache: usize,
     /// Drafts per round (`None`: the drafter's block size).
     pub gamma: Option<usize>,
+    /// Tests only: a request whose prompt holds this token panics in the worker, to show that
+    /// an internal failure answers 500 and the worker goes on.
+    #[cfg(feature = "testing")]
+    pub panic_on_token: Option<u32>,
 }
 
 impl EngineConfig {
@@ -61,6 +66,8 @@ impl EngineConfig {
             prefill_step: 2048,
             prompt_cache: 8,
             gamma: None,
+            #[cfg(feature = "testing")]
+            panic_on_token: None,
         }
     }
 }
@@ -101,10 +108,43 @@ pub struct Job {
     pub label: String,
 }
 
+/// Request counts, for `/health` and for checking that nothing leaks.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Submitted, not yet admitted.
+    pub queued: AtomicUsize,
+    /// Sessions decoding now.
+    pub active: AtomicUsize,
+    pub completed: AtomicUsize,
+    /// Ended because the client went away (queued or active).
+    pub cancelled: AtomicUsize,
+    pub failed: AtomicUsize,
+}
+
+impl Counters {
+    /// The counts as JSON.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let g = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "queued": g(&self.queued), "active": g(&self.active), "completed": g(&self.completed),
+            "cancelled": g(&self.cancelled), "failed": g(&self.failed),
+        })
+    }
+}
+
+fn inc(c: &AtomicUsize) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn dec(c: &AtomicUsize) {
+    c.fetch_sub(1, Ordering::Relaxed);
+}
+
 /// A running engine (see the module docs).
 pub struct Engine {
     tx: Option<Sender<Job>>,
     info: Arc<ModelInfo>,
+    counters: Arc<Counters>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -140,12 +180,14 @@ impl Engine {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<()>>(1);
         let winfo = Arc::clone(&info);
+        let counters = Arc::new(Counters::default());
+        let wcounters = Arc::clone(&counters);
         let worker = std::thread::Builder::new()
             .name("dspark-engine".into())
-            .spawn(move || worker(cfg, winfo, rx, ready_tx))
+            .spawn(move || worker(cfg, winfo, wcounters, rx, ready_tx))
             .map_err(|e| Error::EngineStopped(format!("cannot start the worker thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Engine { tx: Some(tx), info, worker: Some(worker) }),
+            Ok(Ok(())) => Ok(Engine { tx: Some(tx), info, counters, worker: Some(worker) }),
             Ok(Err(e)) => {
                 let _ = worker.join();
                 Err(e)
@@ -162,10 +204,19 @@ impl Engine {
         &self.info
     }
 
+    /// The request counts.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
     /// Queues a request.
     pub fn submit(&self, job: Job) -> Result<()> {
         let tx = self.tx.as_ref().ok_or_else(|| Error::EngineStopped("shut down".into()))?;
-        tx.send(job).map_err(|_| Error::EngineStopped("the worker has stopped".into()))
+        inc(&self.counters.queued);
+        tx.send(job).map_err(|_| {
+            dec(&self.counters.queued);
+            Error::EngineStopped("the worker has stopped".into())
+        })
     }
 
     /// Stops taking requests, lets the active and queued ones finish, and joins the worker.
@@ -236,7 +287,13 @@ fn log_done(label: &str, o: &Outcome, wall_ms: f64) {
     );
 }
 
-fn worker(cfg: EngineConfig, info: Arc<ModelInfo>, rx: Receiver<Job>, ready: mpsc::SyncSender<Result<()>>) {
+fn worker(
+    cfg: EngineConfig,
+    info: Arc<ModelInfo>,
+    n: Arc<Counters>,
+    rx: Receiver<Job>,
+    ready: mpsc::SyncSender<Result<()>>,
+) {
     let (model, mut drafters) = match guarded(|| load(&cfg)) {
         Ok(m) => {
             let _ = ready.send(Ok(()));
@@ -268,20 +325,33 @@ fn worker(cfg: EngineConfig, info: Arc<ModelInfo>, rx: Receiver<Job>, ready: mps
                     Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
             };
+            dec(&n.queued);
             if job.events.is_closed() {
                 eprintln!("dspark serve: {} | cancelled while queued", job.label);
+                inc(&n.cancelled);
                 continue;
             }
             let Some(slot) = free.pop() else {
                 let _ = job.events.send(Event::Failed("no free session slot".into()));
+                inc(&n.failed);
                 break;
             };
             let t0 = Instant::now();
-            let drafter = drafters.get_mut(slot).map(|d| d.as_mut() as &mut dyn Drafter);
-            match guarded(|| Session::start(model, drafter, &job.request, tok, Some(&mut cache))) {
-                Ok(session) => active.push(Active { job, session, slot, t0 }),
+            let drafter = drafters.get_mut(slot).map(|d| d.as_mut());
+            match guarded(|| {
+                #[cfg(feature = "testing")]
+                if cfg.panic_on_token.is_some_and(|t| job.request.prompt.contains(&t)) {
+                    panic!("injected fault (testing)");
+                }
+                Session::start(model, drafter, &job.request, tok, Some(&mut cache))
+            }) {
+                Ok(session) => {
+                    inc(&n.active);
+                    active.push(Active { job, session, slot, t0 });
+                }
                 Err(e) => {
                     eprintln!("dspark serve: {} | failed: {e}", job.label);
+                    inc(&n.failed);
                     let _ = job.events.send(Event::Failed(e.to_string()));
                     free.push(slot);
                 }
@@ -295,10 +365,12 @@ fn worker(cfg: EngineConfig, info: Arc<ModelInfo>, rx: Receiver<Job>, ready: mps
                 let a = active.remove(i);
                 let o = a.session.finish();
                 eprintln!("dspark serve: {} | cancelled by the client after {} tokens", a.job.label, o.tokens.len());
+                dec(&n.active);
+                inc(&n.cancelled);
                 free.push(a.slot);
                 continue;
             }
-            let drafter = drafters.get_mut(a.slot).map(|d| d.as_mut() as &mut dyn Drafter);
+            let drafter = drafters.get_mut(a.slot).map(|d| d.as_mut());
             match guarded(|| a.session.step(model, drafter)) {
                 Ok(out) => {
                     let done = out.finished.is_some();
@@ -309,6 +381,8 @@ fn worker(cfg: EngineConfig, info: Arc<ModelInfo>, rx: Receiver<Job>, ready: mps
                         let a = active.remove(i);
                         let o = a.session.finish();
                         log_done(&a.job.label, &o, a.t0.elapsed().as_secs_f64() * 1e3);
+                        dec(&n.active);
+                        inc(&n.completed);
                         let _ = a.job.events.send(Event::Done(Box::new(o)));
                         free.push(a.slot);
                         continue;
@@ -317,6 +391,8 @@ fn worker(cfg: EngineConfig, info: Arc<ModelInfo>, rx: Receiver<Job>, ready: mps
                 Err(e) => {
                     let a = active.remove(i);
                     eprintln!("dspark serve: {} | failed: {e}", a.job.label);
+                    dec(&n.active);
+                    inc(&n.failed);
                     let _ = a.job.events.send(Event::Failed(e.to_string()));
                     free.push(a.slot);
                     continue;

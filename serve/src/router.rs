@@ -49,7 +49,9 @@ pub fn router(engine: Arc<Engine>, body_limit: usize) -> Router {
 }
 
 async fn health(State(app): State<App>) -> Json<serde_json::Value> {
-    Json(json!({"status": "ok", "model": app.engine.info().id}))
+    let mut v = json!({"status": "ok", "model": app.engine.info().id});
+    v["requests"] = app.engine.counters().snapshot();
+    Json(v)
 }
 
 async fn list_models(State(app): State<App>) -> Json<serde_json::Value> {

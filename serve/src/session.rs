@@ -115,7 +115,7 @@ impl<'m, 't> Session<'m, 't> {
     /// speculatively and every later [`Session::step`] must lend the same drafter.
     pub fn start(
         target: &'m Model,
-        drafter: Option<&mut dyn Drafter>,
+        drafter: Option<&mut (dyn Drafter + 'static)>,
         req: &Request,
         tok: Option<&'t Tokenizer>,
         cache: Option<&mut PromptCache>,
@@ -180,7 +180,7 @@ impl<'m, 't> Session<'m, 't> {
 
     /// One speculative round or one plain decode step. `drafter` must be the one the session
     /// started with (none for a plain session).
-    pub fn step(&mut self, target: &'m Model, drafter: Option<&mut dyn Drafter>) -> Result<StepOut> {
+    pub fn step(&mut self, target: &'m Model, drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<StepOut> {
         if let Some(f) = self.finish {
             return Ok(StepOut { finished: Some(f), ..StepOut::default() });
         }
@@ -253,11 +253,11 @@ impl<'m, 't> Session<'m, 't> {
     pub fn run(
         mut self,
         target: &'m Model,
-        mut drafter: Option<&mut dyn Drafter>,
+        mut drafter: Option<&mut (dyn Drafter + 'static)>,
         mut on_step: impl FnMut(&StepOut),
     ) -> Result<Outcome> {
         loop {
-            let out = self.step(target, drafter.as_mut().map(|d| &mut **d as &mut dyn Drafter))?;
+            let out = self.step(target, drafter.as_deref_mut())?;
             on_step(&out);
             if out.finished.is_some() {
                 return Ok(self.finish());
