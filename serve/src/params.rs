@@ -237,7 +237,9 @@ fn fresh_seed() -> u64 {
 
 fn checked_ids(ids: Vec<u32>, info: &ModelInfo, field: &str) -> Result<Vec<u32>, ApiError> {
     match ids.iter().find(|&&t| t as usize >= info.vocab) {
-        Some(t) => Err(bad(field, format!("token id {t} is outside the vocabulary of {} tokens", info.vocab))),
+        Some(t) => {
+            Err(bad(field, format!("'{field}': token id {t} is outside the vocabulary of {} tokens", info.vocab)))
+        }
         None => Ok(ids),
     }
 }
