@@ -8,7 +8,7 @@
 //! - [`engine`]: the worker thread that owns the model and interleaves sessions.
 //! - [`prompt_cache`]: exact reuse of earlier prompts' prefixes.
 //! - [`params`], [`chat`], [`openai`], [`api_error`]: the OpenAI request and response shapes.
-//! - [`router`], [`server`]: axum routes, binding and graceful shutdown.
+//! - [`mod@router`], [`server`]: axum routes, binding and graceful shutdown.
 #![forbid(unsafe_code)]
 
 pub mod api_error;

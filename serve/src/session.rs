@@ -92,7 +92,7 @@ impl Outcome {
 }
 
 enum Decoding<'m> {
-    Spec(SpecRounds),
+    Spec(Box<SpecRounds>),
     Plain(Decoder<'m>),
 }
 
@@ -137,7 +137,7 @@ impl<'m, 't> Session<'m, 't> {
         let mut pre = prefill_from(target, &taps, &req.prompt, step, from.as_ref(), |s| {
             // The last full chunk's state and the whole head's state (see prompt_cache).
             let n = s.tokens().len();
-            if n == head || (n % step == 0 && n + step > head) {
+            if n == head || (n.is_multiple_of(step) && n + step > head) {
                 keep.push(s);
             }
         })?;
@@ -150,7 +150,7 @@ impl<'m, 't> Session<'m, 't> {
             Some(d) => {
                 let cfg = SpecConfig { generate: gen.clone(), gamma: req.gamma, pruning: req.pruning.clone() };
                 let ctx = pre.take_ctx();
-                Decoding::Spec(SpecRounds::start(target, d, &pre, ctx, &cfg)?)
+                Decoding::Spec(Box::new(SpecRounds::start(target, d, &pre, ctx, &cfg)?))
             }
             None => Decoding::Plain(Decoder::from_prefilled(
                 target,

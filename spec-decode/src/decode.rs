@@ -161,7 +161,7 @@ impl PrefixState {
             && self.step == step.max(1)
             && n <= head
             && prompt[..n] == self.tokens[..]
-            && (n % self.step == 0 || n == head)
+            && (n.is_multiple_of(self.step) || n == head)
     }
 }
 
