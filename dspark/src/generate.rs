@@ -69,7 +69,7 @@ pub struct Args {
     calibrated: bool,
     /// Render --prompt as a one-message user conversation, as `dspark serve`'s
     /// /v1/chat/completions does (the tokenizer's chat template, if it has one).
-    #[arg(long, requires = "prompt")]
+    #[arg(long)]
     chat: bool,
     /// Stop before the first occurrence of this text in the output (repeatable).
     #[arg(long)]
@@ -100,6 +100,9 @@ pub fn run(a: Args) -> Result<()> {
     // vocabulary once the model is loaded).
     sampler.validate(usize::MAX)?;
     let parsed_tokens = a.tokens.as_deref().map(parse_ids).transpose()?;
+    if a.chat && a.prompt.is_none() {
+        bail!("--chat renders a text --prompt as a chat message; give --prompt");
+    }
     if !a.device.is_available() {
         bail!("--device {:?}: this MLX build has no such backend (MLX at {})", a.device, mlx_core::MLX_DIR);
     }

@@ -343,3 +343,38 @@ async fn models_health_and_unknown_routes() {
     assert_eq!(a["choices"], b["choices"]);
     assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"], 2, "{b}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_renders_the_tokenizers_chat_template() {
+    // A copy of the target whose tokenizer_config.json carries a chat template.
+    let dir = gemma4::testing::copy_of(target_dir(), "serve-chat-template").unwrap();
+    let cfg_path = dir.join("tokenizer_config.json");
+    let mut tc: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    tc["chat_template"] = json!(
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('system messages are not supported') }}{% endif %}\
+         {{ bos_token }}{% for m in messages %}{{ m['content'] }} t9 {% endfor %}{% if add_generation_prompt %}t10{% endif %}"
+    );
+    std::fs::write(&cfg_path, tc.to_string()).unwrap();
+    let mut cfg = EngineConfig::new(dir.to_path_buf(), "templated".into());
+    cfg.drafter_dir = Some(drafter_dir().clone());
+    let (app, _e) = app(Engine::start(cfg).unwrap());
+
+    let msgs = json!([{"role": "user", "content": "t5 t6"}, {"role": "assistant", "content": "t7"}, {"role": "user", "content": "t8"}]);
+    let (s, v) =
+        post(&app, "/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 4, "temperature": 0})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    // <bos> t5 t6 t9 t7 t9 t8 t9 t10: the template's text, encoded without added specials.
+    assert_eq!(v["usage"]["prompt_tokens"], 9, "{v}");
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let want = tok.encode("<bos>t5 t6 t9 t7 t9 t8 t9 t10", false).unwrap();
+    assert_eq!(want.len(), 9);
+    let via_cli_rule =
+        serve::chat::chat_ids(&tok, gemma4::chat_template::ChatTemplate::of(&tok).unwrap().as_ref(), &msgs).unwrap();
+    assert_eq!(via_cli_rule, want);
+
+    let sys = json!([{"role": "system", "content": "t5"}, {"role": "user", "content": "t6"}]);
+    let (s, v) = post(&app, "/v1/chat/completions", &json!({"messages": sys})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["param"], "messages");
+    assert!(v["error"]["message"].as_str().unwrap().contains("system messages are not supported"), "{v}");
+}
