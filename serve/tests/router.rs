@@ -378,3 +378,48 @@ async fn chat_renders_the_tokenizers_chat_template() {
     assert_eq!(v["error"]["param"], "messages");
     assert!(v["error"]["message"].as_str().unwrap().contains("system messages are not supported"), "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interleaved_sessions_answer_as_they_do_one_at_a_time() {
+    let bodies: Vec<Value> = (0..6)
+        .map(|i| {
+            let prompt = format!("t{} t{} t{}", 5 + i, 20 + i, 40 + i);
+            if i % 2 == 0 {
+                json!({"prompt": prompt, "max_tokens": 12, "temperature": 0})
+            } else {
+                json!({"prompt": prompt, "max_tokens": 12, "temperature": 0.9, "seed": i, "stream": i % 3 == 0})
+            }
+        })
+        .collect();
+    let text = |s: StatusCode, raw: &[u8], stream: bool| -> String {
+        assert_eq!(s, StatusCode::OK);
+        if stream {
+            streamed_text(&sse_frames(raw)).0
+        } else {
+            let v: Value = serde_json::from_slice(raw).unwrap();
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        }
+    };
+    let (serial_app, _a) = app(engine(true, 1));
+    let mut serial = Vec::new();
+    for b in &bodies {
+        let (s, raw) = call(&serial_app, "POST", "/v1/completions", b.to_string()).await;
+        serial.push(text(s, &raw, b["stream"] == json!(true)));
+    }
+    let (app, e) = app(engine(true, 3));
+    let handles: Vec<_> = bodies
+        .iter()
+        .map(|b| {
+            let (app, b) = (app.clone(), b.clone());
+            tokio::spawn(async move {
+                let (s, raw) = call(&app, "POST", "/v1/completions", b.to_string()).await;
+                (s, raw, b["stream"] == json!(true))
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let (s, raw, stream) = h.await.unwrap();
+        assert_eq!(text(s, &raw, stream), serial[i], "request {i}");
+    }
+    assert_eq!(e.counters().completed.load(std::sync::atomic::Ordering::Relaxed), bodies.len());
+}
