@@ -1,14 +1,18 @@
-//! `dspark generate`: plain decoding with streaming output and a stats line.
+//! `dspark generate`: plain or speculative decoding with streaming output and a stats line,
+//! through the same [`serve::Session`] the server decodes with.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use gemma4::generate::{generate, FinishReason, GenerateConfig};
+use gemma4::chat_template::ChatTemplate;
+use gemma4::generate::{generate, GenerateConfig};
 use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::{ComputeDtype, Model};
 use mlx_core::Device;
+use serve::chat::{chat_ids, text_ids, user_message};
+use serve::{Request, Session};
 
 /// Arguments of `dspark generate`. Numeric options accept negative values at parse time so the
 /// range checks can say what is allowed.
@@ -68,6 +72,13 @@ pub struct Args {
     /// Prune with the drafter checkpoint's calibrated per-position thresholds. Needs --drafter.
     #[arg(long, requires = "drafter")]
     calibrated: bool,
+    /// Render --prompt as a one-message user conversation, as `dspark serve`'s
+    /// /v1/chat/completions does (the tokenizer's chat template, if it has one).
+    #[arg(long)]
+    chat: bool,
+    /// Stop before the first occurrence of this text in the output (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
     /// Also run plain decoding on the same prompt and report both speeds.
     #[arg(long, requires = "drafter")]
     compare: bool,
@@ -94,6 +105,9 @@ pub fn run(a: Args) -> Result<()> {
     // vocabulary once the model is loaded).
     sampler.validate(usize::MAX)?;
     let parsed_tokens = a.tokens.as_deref().map(parse_ids).transpose()?;
+    if a.chat && a.prompt.is_none() {
+        bail!("--chat renders a text --prompt as a chat message; give --prompt");
+    }
     if !a.device.is_available() {
         bail!("--device {:?}: this MLX build has no such backend (MLX at {})", a.device, mlx_core::MLX_DIR);
     }
@@ -121,7 +135,11 @@ pub fn run(a: Args) -> Result<()> {
     let tokenizer = if needs_tokenizer { Some(Tokenizer::from_dir(&dir)?) } else { None };
     let prompt: Vec<u32> = match (parsed_tokens, &a.prompt, &tokenizer) {
         (Some(t), _, _) => t,
-        (None, Some(p), Some(tok)) => tok.encode(p.as_str(), true)?,
+        (None, Some(p), Some(tok)) if a.chat => {
+            let template = ChatTemplate::of(tok)?;
+            chat_ids(tok, template.as_ref(), &user_message(p))?
+        }
+        (None, Some(p), Some(tok)) => text_ids(tok, p)?,
         (None, None, Some(tok)) => {
             let default = "t5 t6 t7 t8";
             eprintln!("dspark: no --prompt given, using {default:?}");
@@ -157,102 +175,74 @@ pub fn run(a: Args) -> Result<()> {
     // Output is text for a text prompt and ids for an id prompt (even when the tokenizer was
     // read for its eos token).
     let text_out = if a.tokens.is_none() { tokenizer.as_ref() } else { None };
+    if !a.stop.is_empty() && text_out.is_none() {
+        bail!("--stop matches decoded text; it needs a text --prompt");
+    }
+    let pruning = match (a.min_conf, a.calibrated) {
+        (Some(c), _) => spec_decode::Pruning::MinConf(c),
+        (None, true) => spec_decode::Pruning::Calibrated,
+        (None, false) => spec_decode::Pruning::Off,
+    };
+    let req = Request { prompt: prompt.clone(), generate: cfg.clone(), stop: a.stop.clone(), gamma: a.gamma, pruning };
+    // The server's decoding path: the same session type, run to the end here.
+    let mut drafter = drafter;
+    let session = Session::start(&model, drafter.as_deref_mut(), &req, text_out, None)?;
     let mut out = std::io::stdout().lock();
-    let mut ids: Vec<u32> = Vec::new();
-    let mut printed = String::new();
-    let mut err: Option<anyhow::Error> = None;
-    let mut emit = |t: u32| {
-        ids.push(t);
+    let mut printed = 0usize;
+    let res = session.run(&model, drafter.as_deref_mut(), |step| {
         let piece = match text_out {
-            None => format!("{}{t}", if ids.len() > 1 { " " } else { "" }),
-            Some(tok) => match tok.decode(&ids) {
-                // Print only what is new: decoding a growing id list keeps multi-byte pieces whole.
-                Ok(text) if text.starts_with(&printed) => {
-                    let new = text[printed.len()..].to_string();
-                    printed = text;
-                    new
-                }
-                Ok(text) => {
-                    printed = text;
-                    String::new()
-                }
-                Err(e) => {
-                    err.get_or_insert(e.into());
-                    String::new()
-                }
-            },
+            Some(_) => step.text.clone(),
+            None => step
+                .tokens
+                .iter()
+                .map(|t| {
+                    printed += 1;
+                    format!("{}{t}", if printed > 1 { " " } else { "" })
+                })
+                .collect(),
         };
         let _ = write!(out, "{piece}");
         let _ = out.flush();
-    };
-    if let Some(mut drafter) = drafter {
-        let spec = spec_decode::SpecConfig {
-            generate: cfg.clone(),
-            gamma: a.gamma,
-            pruning: match (a.min_conf, a.calibrated) {
-                (Some(c), _) => spec_decode::Pruning::MinConf(c),
-                (None, true) => spec_decode::Pruning::Calibrated,
-                (None, false) => spec_decode::Pruning::Off,
-            },
-        };
-        let res = spec_decode::speculative_generate(&model, drafter.as_mut(), &prompt, &spec, &mut emit)?;
-
-        writeln!(out)?;
-        if let Some(e) = err {
-            return Err(e);
-        }
-        eprintln!(
-            "drafter: {} | γ {} | finish: {}",
-            drafter.name(),
-            spec.gamma_for(drafter.as_ref())?,
-            finish_name(res.finish)
-        );
-        eprintln!("{}", res.stats.summary());
-        eprintln!("accepted/drafted by block position: {}", res.stats.by_position());
-        if a.compare {
-            let plain = generate(&model, &prompt, &cfg, |_| {})?;
-            let same = plain.tokens == res.tokens;
-            // End to end (prompt processing included) for both, so the two loops' different
-            // splits of prefill and first token do not skew the ratio.
-            let plain_ms = plain.stats.prefill_ms + plain.stats.decode_ms;
-            let spec_ms = res.stats.prefill_ms + res.stats.decode_ms;
-            let rate = |n: usize, ms: f64| n as f64 / (ms / 1e3).max(1e-9);
-            eprintln!(
-                "end to end, {} prompt + {} generated tokens: plain {plain_ms:.1} ms ({:.1} tok/s) | speculative {spec_ms:.1} ms ({:.1} tok/s) | speedup {:.2}x | outputs identical: {same}",
-                prompt.len(),
-                res.tokens.len(),
-                rate(plain.tokens.len(), plain_ms),
-                rate(res.tokens.len(), spec_ms),
-                plain_ms / spec_ms.max(1e-9)
-            );
-            if cfg.sampler.is_greedy() && !same {
-                bail!("greedy speculative output differs from plain greedy output");
+    })?;
+    writeln!(out)?;
+    match (&drafter, &res.speculation) {
+        (Some(d), Some(stats)) => {
+            let gamma = spec_decode::SpecConfig { gamma: a.gamma, ..Default::default() }.gamma_for(d.as_ref())?;
+            eprintln!("drafter: {} | γ {gamma} | finish: {}", d.name(), res.finish.as_str());
+            eprintln!("{}", stats.summary());
+            eprintln!("accepted/drafted by block position: {}", stats.by_position());
+            if a.compare {
+                let plain = generate(&model, &prompt, &cfg, |_| {})?;
+                let same = plain.tokens == res.tokens;
+                // End to end (prompt processing included) for both, so the two loops' different
+                // splits of prefill and first token do not skew the ratio.
+                let plain_ms = plain.stats.prefill_ms + plain.stats.decode_ms;
+                let spec_ms = stats.prefill_ms + stats.decode_ms;
+                let rate = |n: usize, ms: f64| n as f64 / (ms / 1e3).max(1e-9);
+                eprintln!(
+                    "end to end, {} prompt + {} generated tokens: plain {plain_ms:.1} ms ({:.1} tok/s) | speculative {spec_ms:.1} ms ({:.1} tok/s) | speedup {:.2}x | outputs identical: {same}",
+                    prompt.len(),
+                    res.tokens.len(),
+                    rate(plain.tokens.len(), plain_ms),
+                    rate(res.tokens.len(), spec_ms),
+                    plain_ms / spec_ms.max(1e-9)
+                );
+                if cfg.sampler.is_greedy() && !same {
+                    bail!("greedy speculative output differs from plain greedy output");
+                }
             }
         }
-        return Ok(());
+        _ => {
+            let prefill_rate = res.prompt_tokens as f64 / (res.prefill_ms / 1e3).max(1e-9);
+            eprintln!(
+                "prompt: {} tokens, {:.1} ms ({prefill_rate:.0} tok/s) | generated: {} tokens, {:.1} tok/s | finish: {}",
+                res.prompt_tokens,
+                res.prefill_ms,
+                res.tokens.len(),
+                res.tok_per_s(),
+                res.finish.as_str()
+            );
+        }
     }
-    let gen = generate(&model, &prompt, &cfg, &mut emit)?;
-
-    writeln!(out)?;
-    if let Some(e) = err {
-        return Err(e);
-    }
-    let s = &gen.stats;
-    eprintln!(
-        "prompt: {} tokens, {:.1} ms ({:.0} tok/s) | generated: {} tokens, {:.1} tok/s | finish: {}",
-        s.prompt_tokens,
-        s.prefill_ms,
-        s.prefill_tok_per_s(),
-        s.generated_tokens,
-        s.decode_tok_per_s(),
-        finish_name(gen.finish)
-    );
     Ok(())
-}
-
-fn finish_name(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-    }
 }

@@ -12,4 +12,5 @@ pub mod paths;
 pub mod quantize_drafter;
 pub mod quantize_target;
 pub mod regen;
+pub mod serve;
 pub mod train;

@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use dspark::{
-    calibrate, default_model, doctor, eval_drafter, generate, quantize_drafter, quantize_target, regen, train,
+    calibrate, default_model, doctor, eval_drafter, generate, quantize_drafter, quantize_target, regen, serve, train,
 };
 
 #[derive(Parser)]
@@ -33,6 +33,9 @@ enum Cmd {
     EvalDrafter(eval_drafter::Args),
     /// Report MLX, devices, the BLAS behind f32 matmuls (timed) and what --dtype auto picks.
     Doctor(doctor::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/completions,
+    /// /v1/chat/completions), decoding speculatively with --drafter.
+    Serve(serve::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
     InitDefault {
         /// Replace an existing default checkpoint.
@@ -51,6 +54,7 @@ fn main() -> Result<()> {
         Cmd::Train(args) => train::run(args),
         Cmd::EvalDrafter(args) => eval_drafter::run(args),
         Cmd::Doctor(args) => doctor::run(args),
+        Cmd::Serve(args) => serve::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;
             let drafter = default_model::ensure_drafter(&dir, force)?;

@@ -195,3 +195,18 @@ fn without_config_eos_ids_the_tokenizer_eos_stops_and_an_id_prompt_still_prints_
     assert_eq!(ids(&r), free[..k], "the output stays ids and ends before the eos");
     assert!(String::from_utf8_lossy(&r.stderr).contains("finish: stop"), "{}", String::from_utf8_lossy(&r.stderr));
 }
+
+#[test]
+fn serve_and_generate_refuse_bad_serving_flags() {
+    let home = Scratch::create("cli-serve-flags");
+    let r = dspark(&home, &["serve", "--max-concurrency", "0"]);
+    fails_with(&r, &["--max-concurrency"]);
+    let r = dspark(&home, &["serve", "--prefill-step", "0"]);
+    fails_with(&r, &["--prefill-step"]);
+    let r = dspark(&home, &["serve", "--gamma", "2"]);
+    fails_with(&r, &["--drafter"]);
+    let r = dspark(&home, &["generate", "--tokens", "5 6", "--stop", "t7"]);
+    fails_with(&r, &["--stop"]);
+    let r = dspark(&home, &["generate", "--tokens", "5 6", "--chat"]);
+    fails_with(&r, &["--prompt"]);
+}

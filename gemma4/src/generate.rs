@@ -155,6 +155,35 @@ impl<'m> Decoder<'m> {
         Ok(Decoder { model, cache, sampler, pending, remaining: cfg.max_tokens })
     }
 
+    /// A decoder for a prompt whose tokens but the last (`last`) are already in `cache`, run
+    /// through the model in chunks exactly as [`prefill`] runs them (a prompt cache resumes
+    /// here); then the same steps as [`Decoder::new`]. `prompt_tokens` counts the whole prompt.
+    pub fn from_prefilled(
+        model: &'m Model,
+        mut cache: Cache,
+        last: u32,
+        prompt_tokens: usize,
+        cfg: &GenerateConfig,
+    ) -> Result<Decoder<'m>> {
+        check_positions(model, prompt_tokens, cfg.max_tokens)?;
+        cfg.sampler.validate(model.config().vocab_size)?;
+        if cache.offset() + 1 != prompt_tokens {
+            return Err(Error::Input {
+                op: "decode",
+                detail: format!("the cache holds {} tokens of a {prompt_tokens}-token prompt", cache.offset()),
+            });
+        }
+        let mut sampler = Sampler::new(cfg.sampler.clone(), cfg.seed)?;
+        let mut pending = None;
+        if cfg.max_tokens > 0 {
+            let lp = logprobs(&step_logits(model, &mut cache, &ids_array(&[last])?)?)?;
+            let y = sampler.sample(&lp)?;
+            async_eval(&[&y, &lp])?;
+            pending = Some((y, lp));
+        }
+        Ok(Decoder { model, cache, sampler, pending, remaining: cfg.max_tokens })
+    }
+
     /// The next token, or None once `max_tokens` were produced.
     pub fn next_step(&mut self) -> Result<Option<Step>> {
         let Some((y, lp)) = self.pending.take() else { return Ok(None) };

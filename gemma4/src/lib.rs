@@ -19,6 +19,7 @@
 
 mod attention;
 pub mod cache;
+pub mod chat_template;
 pub mod checkpoint;
 pub mod compute;
 pub mod config;

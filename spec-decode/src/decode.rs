@@ -102,12 +102,94 @@ impl Prefilled {
     pub fn committed(&self) -> usize {
         self.committed
     }
+
+    /// The target cache after the prompt's head (every token but the last).
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    /// The last prompt token, not yet run through the target.
+    pub fn pending(&self) -> u32 {
+        self.pending
+    }
+
+    /// Tokens in the prompt.
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// Hands over the tapped rows of the committed prompt tokens (to seed a drafter once).
+    pub fn take_ctx(&mut self) -> Option<Array> {
+        self.ctx.take()
+    }
+
+    /// Milliseconds the prefill took.
+    pub fn ms(&self) -> f64 {
+        self.ms
+    }
+}
+
+/// The target cache and the tapped rows after the first tokens of a prompt, prefilled in chunks
+/// on the grid of `step` (chunk boundaries at multiples of `step`). A later prompt that starts
+/// with the same tokens can resume from it ([`prefill_from`]); the result is then bit-identical
+/// to prefilling that prompt from scratch, because the resumed computation is the very same
+/// sequence of chunk forwards (see [`prefill_from`] for the rule that guarantees it).
+#[derive(Clone, Debug)]
+pub struct PrefixState {
+    tokens: Vec<u32>,
+    cache: Cache,
+    /// Tapped rows per chunk // each `[1, chunk, m·H]`
+    rows: Vec<Array>,
+    taps: TapSet,
+    step: usize,
+    forwards: usize,
+}
+
+impl PrefixState {
+    /// The prompt tokens this state has run through the target.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Whether [`prefill_from`] may resume from this state for `prompt` (tapped with `taps`, in
+    /// chunks of `step`): the state's tokens start `prompt`'s head (all tokens but the last),
+    /// and it ends on a chunk boundary of the same grid or covers the whole head.
+    pub fn resumable_for(&self, taps: &TapSet, prompt: &[u32], step: usize) -> bool {
+        let head = prompt.len().saturating_sub(1);
+        let n = self.tokens.len();
+        self.taps == *taps
+            && self.step == step.max(1)
+            && n <= head
+            && prompt[..n] == self.tokens[..]
+            && (n.is_multiple_of(self.step) || n == head)
+    }
 }
 
 /// Runs all but the last prompt token through the target (tapped with `taps`, in chunks of
 /// `step`), evaluating the cache after each chunk.
 pub fn prefill(target: &Model, taps: &TapSet, prompt: &[u32], step: usize) -> Result<Prefilled> {
+    prefill_from(target, taps, prompt, step, None, |_| {})
+}
+
+/// [`prefill`] resuming from `from` (the state after a prefix of the prompt), calling
+/// `snapshot` with the state after every chunk (a prompt cache keeps them).
+///
+/// Exactness rule: `from` must end on a chunk boundary of the same grid (its length a multiple
+/// of `step`) or cover the prompt's whole head. A from-scratch prefill passes through exactly
+/// that state and then runs exactly the chunks that remain, so the result has the same bits.
+/// Resuming anywhere else would split a chunk in two, and a chunked forward is not guaranteed
+/// to give the bits of the whole one (the sliding-window ring is written in another order and
+/// the attention sums over the keys in other groupings); such a `from` is refused.
+pub fn prefill_from(
+    target: &Model,
+    taps: &TapSet,
+    prompt: &[u32],
+    step: usize,
+    from: Option<&PrefixState>,
+    mut snapshot: impl FnMut(PrefixState),
+) -> Result<Prefilled> {
     let vocab = target.config().vocab_size;
+    let step = step.max(1);
     let Some((&last, head)) = prompt.split_last() else {
         return Err(Error::Settings { field: "prompt", detail: "the prompt is empty".into() });
     };
@@ -118,10 +200,17 @@ pub fn prefill(target: &Model, taps: &TapSet, prompt: &[u32], step: usize) -> Re
         });
     }
     let t0 = Instant::now();
-    let mut cache = target.new_cache();
-    let mut rows = Vec::new();
-    let mut forwards = 0;
-    for chunk in head.chunks(step.max(1)) {
+    let (mut cache, mut rows, mut forwards, start) = match from {
+        None => (target.new_cache(), Vec::new(), 0, 0),
+        Some(f) if f.resumable_for(taps, prompt, step) => (f.cache.clone(), f.rows.clone(), f.forwards, f.tokens.len()),
+        Some(_) => {
+            return Err(Error::Contract(
+                "a prefix state can only be resumed on a chunk boundary of the same grid and taps".into(),
+            ))
+        }
+    };
+    let mut done = start;
+    for chunk in head[start..].chunks(step) {
         let ids = gemma4::generate::ids_array(chunk)?;
         if taps.is_empty() {
             target.forward(&ids, Some(&mut cache))?;
@@ -131,6 +220,15 @@ pub fn prefill(target: &Model, taps: &TapSet, prompt: &[u32], step: usize) -> Re
         }
         cache.eval()?;
         forwards += 1;
+        done += chunk.len();
+        snapshot(PrefixState {
+            tokens: head[..done].to_vec(),
+            cache: cache.clone(),
+            rows: rows.clone(),
+            taps: taps.clone(),
+            step,
+            forwards,
+        });
     }
     let ctx = if rows.is_empty() {
         // A one-token prompt commits nothing: an empty context of the right width.
@@ -204,40 +302,148 @@ pub(crate) fn decode_with_rule(
     rule: VerifyRule,
     mut on_token: impl FnMut(u32),
 ) -> Result<SpecOutput> {
-    let vocab = target.config().vocab_size;
-    let gamma = cfg.gamma_for(drafter)?;
-    let gen = &cfg.generate;
-    gen.sampler.validate(vocab)?;
-    if cfg.pruning.is_active() && !drafter.has_confidence() {
-        return Err(Error::Settings {
-            field: "pruning",
-            detail: format!("{} has no confidence head, so its drafts cannot be pruned by confidence", drafter.name()),
-        });
-    }
-    let thresholds = cfg.pruning.resolve(drafter.thresholds(), gamma)?;
-    let taps = drafter.taps();
-    if taps != pre.taps {
-        return Err(Error::Contract("the prefill was tapped for a different drafter".into()));
-    }
-    let greedy = gen.sampler.is_greedy();
-    let mut stats = SpecStats {
-        prompt_tokens: pre.prompt_tokens,
-        prefill_forwards: pre.forwards,
-        prefill_ms: pre.ms,
-        ..Default::default()
-    };
-    let mut keys = KeyChain::new(gen.seed)?;
-    let mut cache = pre.cache.clone();
-    let t1 = Instant::now();
-    drafter.reset(ctx.as_ref(), pre.committed)?;
-    drop(ctx);
+    let mut rounds = SpecRounds::start_with_rule(target, drafter, pre, ctx, cfg, rule)?;
+    while rounds.round(target, drafter, &mut on_token)?.is_none() {}
+    Ok(rounds.finish())
+}
 
-    let mut conf_samples = Vec::new();
-    let mut pending = pre.pending;
-    let mut tokens = Vec::new();
-    let finish = 'rounds: loop {
+/// One speculative request as a value that advances one round at a time, so a caller (a
+/// server's engine) can interleave requests, cancel between rounds and stream what each round
+/// emits. It holds only per-request state (target cache, sampler keys, emitted tokens, stats);
+/// the target and the drafter are passed to every [`SpecRounds::round`], so several requests
+/// can share one target. The drafter passed must be the one [`SpecRounds::start`] reset, with
+/// no other request's rounds in between.
+///
+/// [`speculative_generate`] and [`decode_from`] are this stepper run to the end, so stepping
+/// gives the same tokens.
+pub struct SpecRounds {
+    cfg: SpecConfig,
+    rule: VerifyRule,
+    gamma: usize,
+    thresholds: Option<Vec<f32>>,
+    taps: TapSet,
+    greedy: bool,
+    stats: SpecStats,
+    keys: KeyChain,
+    cache: Cache,
+    conf_samples: Vec<ConfSample>,
+    pending: u32,
+    tokens: Vec<u32>,
+    t1: Instant,
+    finish: Option<FinishReason>,
+}
+
+impl SpecRounds {
+    /// Checks the settings against the drafter and resets it with the prefill's tapped rows
+    /// (`ctx`, normally `pre`'s own; passed apart so a caller can free them once projected).
+    pub fn start(
+        target: &Model,
+        drafter: &mut dyn Drafter,
+        pre: &Prefilled,
+        ctx: Option<Array>,
+        cfg: &SpecConfig,
+    ) -> Result<SpecRounds> {
+        Self::start_with_rule(target, drafter, pre, ctx, cfg, VerifyRule::Exact)
+    }
+
+    pub(crate) fn start_with_rule(
+        target: &Model,
+        drafter: &mut dyn Drafter,
+        pre: &Prefilled,
+        ctx: Option<Array>,
+        cfg: &SpecConfig,
+        rule: VerifyRule,
+    ) -> Result<SpecRounds> {
+        let vocab = target.config().vocab_size;
+        let gamma = cfg.gamma_for(drafter)?;
+        let gen = &cfg.generate;
+        gen.sampler.validate(vocab)?;
+        if cfg.pruning.is_active() && !drafter.has_confidence() {
+            return Err(Error::Settings {
+                field: "pruning",
+                detail: format!(
+                    "{} has no confidence head, so its drafts cannot be pruned by confidence",
+                    drafter.name()
+                ),
+            });
+        }
+        let thresholds = cfg.pruning.resolve(drafter.thresholds(), gamma)?;
+        let taps = drafter.taps();
+        if taps != pre.taps {
+            return Err(Error::Contract("the prefill was tapped for a different drafter".into()));
+        }
+        let stats = SpecStats {
+            prompt_tokens: pre.prompt_tokens,
+            prefill_forwards: pre.forwards,
+            prefill_ms: pre.ms,
+            ..Default::default()
+        };
+        let keys = KeyChain::new(gen.seed)?;
+        let cache = pre.cache.clone();
+        let t1 = Instant::now();
+        drafter.reset(ctx.as_ref(), pre.committed)?;
+        drop(ctx);
+        Ok(SpecRounds {
+            cfg: cfg.clone(),
+            rule,
+            gamma,
+            thresholds,
+            taps,
+            greedy: gen.sampler.is_greedy(),
+            stats,
+            keys,
+            cache,
+            conf_samples: Vec::new(),
+            pending: pre.pending,
+            tokens: Vec::new(),
+            t1,
+            finish: None,
+        })
+    }
+
+    /// The tokens emitted so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The statistics so far (`emitted`, `stops` and `decode_ms` are set by [`Self::finish`]).
+    pub fn stats(&self) -> &SpecStats {
+        &self.stats
+    }
+
+    /// Why the request ended, once it has.
+    pub fn finished(&self) -> Option<FinishReason> {
+        self.finish
+    }
+
+    /// Runs one round (draft, verify, accept, emit, commit, roll back); `on_token` sees each
+    /// emitted token. Returns why the request ended once it has (and then again on every call,
+    /// running nothing).
+    pub fn round(
+        &mut self,
+        target: &Model,
+        drafter: &mut dyn Drafter,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Option<FinishReason>> {
+        if self.finish.is_some() {
+            return Ok(self.finish);
+        }
+        let f = self.round_inner(target, drafter, &mut on_token)?;
+        self.finish = f;
+        Ok(f)
+    }
+
+    fn round_inner(
+        &mut self,
+        target: &Model,
+        drafter: &mut dyn Drafter,
+        on_token: &mut dyn FnMut(u32),
+    ) -> Result<Option<FinishReason>> {
+        let gen = &self.cfg.generate;
+        let (gamma, greedy, rule) = (self.gamma, self.greedy, self.rule);
+        let (stats, keys, cache, tokens) = (&mut self.stats, &mut self.keys, &mut self.cache, &mut self.tokens);
         if tokens.len() >= gen.max_tokens {
-            break FinishReason::Length;
+            return Ok(Some(FinishReason::Length));
         }
         if drafter.context_len() != cache.offset() {
             return Err(Error::Contract(format!(
@@ -248,25 +454,22 @@ pub(crate) fn decode_with_rule(
         }
         let remaining = gen.max_tokens - tokens.len();
         let max_drafts = gamma.min(remaining - 1);
-        let anchor = Array::from_slice(&[pending], &[1])?;
+        let anchor = Array::from_slice(&[self.pending], &[1])?;
 
         // Draft.
         let mut round_conf: Vec<f32> = Vec::new();
         let proposal = if max_drafts == 0 {
             None
         } else {
-            let sampling = if greedy {
-                DraftSampling::Greedy
-            } else {
-                DraftSampling::Sample { cfg: &gen.sampler, keys: &mut keys }
-            };
+            let sampling =
+                if greedy { DraftSampling::Greedy } else { DraftSampling::Sample { cfg: &gen.sampler, keys } };
             let req = DraftRequest {
                 anchor: &anchor,
                 position: cache.offset(),
                 max_drafts,
                 sampling,
                 target,
-                target_cache: &cache,
+                target_cache: cache,
             };
             let mut p = drafter.propose(req)?;
             if p.is_empty()? || p.len()? > max_drafts {
@@ -282,7 +485,7 @@ pub(crate) fn decode_with_rule(
                     drafter.name()
                 )));
             }
-            if let (Some(th), Some(conf)) = (&thresholds, &p.confidence) {
+            if let (Some(th), Some(conf)) = (&self.thresholds, &p.confidence) {
                 let c = conf.to_f32_vec()?;
                 stats.host_syncs += 1;
                 let keep = kept_len(&c, th);
@@ -305,13 +508,14 @@ pub(crate) fn decode_with_rule(
         }
         .reshape(&[1, d as i32 + 1])?;
         // Stepwise: every row is scored exactly as plain decoding would score that token.
-        let out = target.forward_stepwise(&window, &mut cache, (!taps.is_empty()).then_some(&taps))?;
+        let taps = &self.taps;
+        let out = target.forward_stepwise(&window, cache, (!taps.is_empty()).then_some(taps))?;
         let logits = target.logits_from_hidden(&out.hidden)?.squeeze(0)?; // [d+1, V]
 
         let verdict = if greedy {
-            greedy_verdict(&logits, proposal.as_ref(), rule, &mut stats)?
+            greedy_verdict(&logits, proposal.as_ref(), rule, stats)?
         } else {
-            sampled_verdict(&logits, proposal.as_ref(), &gen.sampler, &mut keys, rule, &mut stats)?
+            sampled_verdict(&logits, proposal.as_ref(), &gen.sampler, keys, rule, stats)?
         };
 
         // Emit: accepted drafts, then the recovered/bonus token; stop exactly where plain
@@ -331,19 +535,19 @@ pub(crate) fn decode_with_rule(
             // plain decode step, not a speculative round, so τ does not count it.
             stats.plain_steps += 1;
         }
-        conf_samples.extend(round_conf.iter().enumerate().map(|(pos, &conf)| ConfSample {
+        self.conf_samples.extend(round_conf.iter().enumerate().map(|(pos, &conf)| ConfSample {
             pos,
             conf,
             accepted: pos < verdict.accepted,
         }));
         for &t in &verdict.drafts[..verdict.accepted] {
-            if let Some(f) = emit(t, &mut tokens) {
-                break 'rounds f;
+            if let Some(f) = emit(t, tokens) {
+                return Ok(Some(f));
             }
         }
         let next = verdict.next.token();
-        if let Some(f) = emit(next, &mut tokens) {
-            break 'rounds f;
+        if let Some(f) = emit(next, tokens) {
+            return Ok(Some(f));
         }
 
         // Commit the anchor + accepted rows; roll back the rejected tips.
@@ -354,10 +558,17 @@ pub(crate) fn decode_with_rule(
         };
         drafter.commit(rows.as_ref(), keep)?;
         cache.trim(d - verdict.accepted)?;
-        pending = next;
-    };
-    stats.emitted = tokens.len();
-    stats.stops = usize::from(finish == FinishReason::Stop);
-    stats.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
-    Ok(SpecOutput { tokens, finish, stats, conf_samples })
+        self.pending = next;
+        Ok(None)
+    }
+
+    /// The output so far: the emitted tokens, why the request ended (`Length` if it was stopped
+    /// early by the caller) and the statistics.
+    pub fn finish(mut self) -> SpecOutput {
+        let finish = self.finish.unwrap_or(FinishReason::Length);
+        self.stats.emitted = self.tokens.len();
+        self.stats.stops = usize::from(finish == FinishReason::Stop);
+        self.stats.decode_ms = self.t1.elapsed().as_secs_f64() * 1e3;
+        SpecOutput { tokens: self.tokens, finish, stats: self.stats, conf_samples: self.conf_samples }
+    }
 }

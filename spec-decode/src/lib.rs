@@ -41,7 +41,10 @@ pub mod testing;
 pub mod throughput;
 pub mod verify;
 
-pub use decode::{decode_from, prefill, speculative_generate, FinishReason, Prefilled, SpecConfig, SpecOutput};
+pub use decode::{
+    decode_from, prefill, prefill_from, speculative_generate, FinishReason, Prefilled, PrefixState, SpecConfig,
+    SpecOutput, SpecRounds,
+};
 pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 pub use error::{Error, Result};
 pub use loader::{detect, load_drafter, DrafterKind};

@@ -15,6 +15,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use gemma4::chat_template::{ChatTemplate, ChatTemplateError};
 use gemma4::generate::{generate, ids_array, GenerateConfig};
 use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
@@ -177,96 +178,9 @@ pub fn read_input_lines(path: &Path, key: &str) -> Result<Vec<(String, String)>>
     Ok(items)
 }
 
-/// A tokenizer's chat template, rendered the way Hugging Face's `apply_chat_template` does:
-/// Jinja with `trim_blocks` and `lstrip_blocks`, Python string methods, `raise_exception`, the
-/// special tokens (`bos_token`, `eos_token`, `pad_token`) as variables.
-pub struct ChatTemplate {
-    source: String,
-    vars: BTreeMap<&'static str, String>,
-    origin: String,
-}
-
-impl ChatTemplate {
-    /// The template of `tok`: its `tokenizer_config.json`'s `chat_template`, else a
-    /// `chat_template.jinja` file next to `tokenizer.json` (where newer checkpoints keep it), else
-    /// none. A list of named templates (kept by the tokenizer as its JSON text) yields the one
-    /// named `default`, else the first.
-    pub fn of(tok: &Tokenizer) -> Result<Option<ChatTemplate>> {
-        let jinja = tok.path().with_file_name("chat_template.jinja");
-        let (src, origin) = match tok.chat_template() {
-            Some(src) => (src.to_string(), tok.path().with_file_name("tokenizer_config.json")),
-            None if jinja.is_file() => {
-                let src =
-                    std::fs::read_to_string(&jinja).map_err(|source| Error::Io { path: jinja.clone(), source })?;
-                (src, jinja)
-            }
-            None => return Ok(None),
-        };
-        let src = src.as_str();
-        let origin = format!("chat template of {}", origin.display());
-        let source = match serde_json::from_str::<Vec<Value>>(src) {
-            Ok(list) if src.trim_start().starts_with('[') => {
-                let named = |want: Option<&str>| {
-                    list.iter().find(|t| want.is_none() || t.get("name").and_then(Value::as_str) == want)
-                };
-                named(Some("default"))
-                    .or_else(|| named(None))
-                    .and_then(|t| t.get("template"))
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| Error::Invalid {
-                        what: origin.clone(),
-                        detail: "a list of templates needs {\"name\", \"template\"} entries".into(),
-                    })?
-                    .to_string()
-            }
-            _ => src.to_string(),
-        };
-        let mut vars = BTreeMap::new();
-        for (name, t) in
-            [("bos_token", tok.bos_token()), ("eos_token", tok.eos_token()), ("pad_token", tok.pad_token())]
-        {
-            vars.insert(name, t.map(|t| t.content.clone()).unwrap_or_default());
-        }
-        let t = ChatTemplate { source, vars, origin };
-        // Compile once now, so a broken template fails before the model runs.
-        t.env().template_from_str(&t.source).map_err(|e| t.error(e))?;
-        Ok(Some(t))
-    }
-
-    fn env(&self) -> minijinja::Environment<'_> {
-        let mut env = minijinja::Environment::new();
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        env
-    }
-
-    fn error(&self, e: minijinja::Error) -> Error {
-        let mut detail = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            detail.push_str(&format!(": {s}"));
-            src = s.source();
-        }
-        Error::Invalid { what: self.origin.clone(), detail }
-    }
-
-    /// The text of a one-message user conversation with the generation prompt appended.
-    pub fn render(&self, prompt: &str) -> Result<String> {
-        let env = self.env();
-        let tmpl = env.template_from_str(&self.source).map_err(|e| self.error(e))?;
-        let mut ctx: BTreeMap<&str, minijinja::Value> =
-            self.vars.iter().map(|(k, v)| (*k, minijinja::Value::from(v.as_str()))).collect();
-        ctx.insert(
-            "messages",
-            minijinja::Value::from_serialize(serde_json::json!([{"role": "user", "content": prompt}])),
-        );
-        ctx.insert("add_generation_prompt", minijinja::Value::from(true));
-        tmpl.render(ctx).map_err(|e| self.error(e))
-    }
+/// A template failure as this crate's error, naming where the template came from.
+fn template_error(e: ChatTemplateError) -> Error {
+    Error::Invalid { what: e.origin, detail: e.detail }
 }
 
 /// Turns input text into token ids: with a tokenizer, through its chat template (then encoded
@@ -283,7 +197,7 @@ impl<'t> Encoder<'t> {
     /// the tokenizer has one).
     pub fn new(tok: Option<&'t Tokenizer>, vocab_size: usize, chat: bool) -> Result<Encoder<'t>> {
         let template = match tok {
-            Some(t) if chat => ChatTemplate::of(t)?,
+            Some(t) if chat => ChatTemplate::of(t).map_err(template_error)?,
             _ => None,
         };
         Ok(Encoder { tok, template, vocab_size })
@@ -298,7 +212,9 @@ impl<'t> Encoder<'t> {
     pub fn encode(&self, label: &str, text: &str) -> Result<Vec<u32>> {
         let what = || label.to_string();
         let ids = match (self.tok, &self.template) {
-            (Some(tok), Some(t)) => tok.encode(&t.render(text)?, false).map_err(gemma4::Error::from)?,
+            (Some(tok), Some(t)) => {
+                tok.encode(&t.render(text).map_err(template_error)?, false).map_err(gemma4::Error::from)?
+            }
             (Some(tok), None) => tok.encode(text, true).map_err(gemma4::Error::from)?,
             (None, _) => text
                 .split(|c: char| c == ',' || c.is_whitespace())
@@ -681,56 +597,6 @@ pub fn regen(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Gemma 3's published chat template (system prefix, role alternation check, `trim`,
-    /// `raise_exception`), which a Jinja engine must render as Hugging Face does.
-    const GEMMA3: &str = r#"{{ bos_token }}
-{%- if messages[0]['role'] == 'system' -%}
-    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
-    {%- set loop_messages = messages[1:] -%}
-{%- else -%}
-    {%- set first_user_prefix = "" -%}
-    {%- set loop_messages = messages -%}
-{%- endif -%}
-{%- for message in loop_messages -%}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
-        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
-    {%- endif -%}
-    {%- if (message['role'] == 'assistant') -%}
-        {%- set role = "model" -%}
-    {%- else -%}
-        {%- set role = message['role'] -%}
-    {%- endif -%}
-    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
-    {%- if message['content'] is string -%}
-        {{ message['content'] | trim }}
-    {%- else -%}
-        {{ raise_exception("Invalid content type") }}
-    {%- endif -%}
-    {{ '<end_of_turn>\n' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{'<start_of_turn>model\n'}}
-{%- endif -%}"#;
-
-    fn template(source: &str) -> ChatTemplate {
-        let vars = BTreeMap::from([("bos_token", "<bos>".to_string()), ("eos_token", "<eos>".to_string())]);
-        ChatTemplate { source: source.into(), vars, origin: "test template".into() }
-    }
-
-    #[test]
-    fn gemma3_template_renders_as_hugging_face_does() {
-        let text = template(GEMMA3).render("  Why is the sky blue?\n").unwrap();
-        assert_eq!(text, "<bos><start_of_turn>user\nWhy is the sky blue?<end_of_turn>\n<start_of_turn>model\n");
-    }
-
-    #[test]
-    fn python_methods_and_raised_exceptions() {
-        let t = template("{{ messages[0]['content'].strip().upper() }}{% if add_generation_prompt %}!{% endif %}");
-        assert_eq!(t.render(" hi ").unwrap(), "HI!");
-        let e = template("{{ raise_exception('no system role here') }}").render("x").unwrap_err().to_string();
-        assert!(e.starts_with("test template: ") && e.contains("no system role here"), "{e}");
-    }
 
     #[test]
     fn default_taps_spread_and_end_with_the_final_norm() {

@@ -6,6 +6,7 @@ mod chisq;
 mod gates;
 mod parity;
 mod plot;
+mod serve_gate;
 mod venv;
 
 use std::path::PathBuf;
@@ -51,7 +52,7 @@ enum Cmd {
         /// Speculative samples per distribution-equality condition.
         #[arg(long, default_value_t = 20_000)]
         samples: usize,
-        /// Run only this gate (greedy-parity, quantized-drafters or distribution-equality).
+        /// Run only this gate (greedy-parity, quantized-drafters, distribution-equality or serve).
         #[arg(long)]
         only: Option<String>,
         /// Where checkpoints go.
@@ -83,9 +84,11 @@ fn main() -> Result<()> {
             let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
             if let Some(o) = only
                 .as_deref()
-                .filter(|o| !["greedy-parity", "quantized-drafters", "distribution-equality"].contains(o))
+                .filter(|o| !["greedy-parity", "quantized-drafters", "distribution-equality", "serve"].contains(o))
             {
-                anyhow::bail!("--only {o:?}: expected greedy-parity, quantized-drafters or distribution-equality");
+                anyhow::bail!(
+                    "--only {o:?}: expected greedy-parity, quantized-drafters, distribution-equality or serve"
+                );
             }
             if run("greedy-parity") {
                 gates::greedy_parity(&dir, tokens)?;
@@ -95,6 +98,11 @@ fn main() -> Result<()> {
             }
             if run("distribution-equality") {
                 gates::distribution_equality(&dir, samples)?;
+            }
+            if run("serve") {
+                let root = dir.join("serve");
+                std::fs::create_dir_all(&root)?;
+                serve_gate::serve_gate(&root, &target_dir().join("serve-venv"))?;
             }
             Ok(())
         }

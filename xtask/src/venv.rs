@@ -9,18 +9,23 @@ use anyhow::{bail, Context, Result};
 /// Pinned reference versions: the parity gate holds gemma4 to mlx-lm 0.32.2 on mlx 0.32.4.
 pub const PACKAGES: [&str; 3] = ["mlx==0.32.4", "mlx-cpu==0.32.4", "mlx-lm==0.32.2"];
 
-/// Creates (once) and returns the venv's python.
+/// Creates (once) and returns the reference venv's python.
 pub fn ensure(dir: &Path) -> Result<PathBuf> {
+    ensure_with(dir, &PACKAGES)
+}
+
+/// Creates (once) a venv at `dir` with the pinned `packages` and returns its python.
+pub fn ensure_with(dir: &Path, packages: &[&str]) -> Result<PathBuf> {
     let python = dir.join("bin/python");
-    let stamp = dir.join(format!(".installed-{}", PACKAGES.join("+")));
+    let stamp = dir.join(format!(".installed-{}", packages.join("+")));
     if python.is_file() && stamp.is_file() {
         return Ok(python);
     }
     let host = std::env::var("PYTHON3").unwrap_or_else(|_| "python3".into());
-    eprintln!("xtask: creating the reference venv at {} ({})", dir.display(), PACKAGES.join(", "));
-    run(Command::new(&host).args(["-m", "venv"]).arg(dir)).context("creating the reference venv")?;
-    run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args(PACKAGES))
-        .context("installing mlx-lm into the reference venv")?;
+    eprintln!("xtask: creating the venv at {} ({})", dir.display(), packages.join(", "));
+    run(Command::new(&host).args(["-m", "venv"]).arg(dir)).context("creating the venv")?;
+    run(Command::new(&python).args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]).args(packages))
+        .with_context(|| format!("installing {} into the venv", packages.join(", ")))?;
     std::fs::write(&stamp, b"ok")?;
     Ok(python)
 }

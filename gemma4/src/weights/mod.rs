@@ -70,7 +70,9 @@ fn f32_matmul_t(x: &Array, w: &Array) -> Result<Array> {
     if !(few && mlx_core::blas::row_linear_enabled() && mlx_core::Device::default_device()? == mlx_core::Device::Cpu) {
         return Ok(x.matmul(&w.transpose(&[1, 0])?)?);
     }
-    let out = mlx_core::blas::row_linear(&x.reshape(&[rows as i32, inp])?, w)?; // [R, out]
+    // A lower-precision input promotes to f32, as MLX's matmul would promote it.
+    let flat = x.reshape(&[rows as i32, inp])?.astype(Dtype::F32)?; // [R, in]
+    let out = mlx_core::blas::row_linear(&flat, w)?; // [R, out]
     let mut out_shape = shape;
     if let Some(last) = out_shape.last_mut() {
         *last = -1;

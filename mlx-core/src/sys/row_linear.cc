@@ -55,7 +55,17 @@ __attribute__((target("avx2,fma"))) inline float reduce8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Four weight rows at a time against every input row: four independent FMA chains.
+// One output element's arithmetic, whatever block it is computed in: eight lanes over k ≡ l
+// (mod 8) with FMA, a fixed reduction tree, then the tail in order. The blocks below only
+// change how many of these run side by side (register tiling), never their order.
+__attribute__((target("avx2,fma"))) inline float finish(__m256 acc, const float* xr, const float* wr, int k8, int K) {
+  float t = 0;
+  for (int k = k8; k < K; ++k) t = std::fma(xr[k], wr[k], t);
+  return reduce8(acc) + t;
+}
+
+// Four weight rows against two input rows at a time (8 accumulators, 6 loads per 8 FMAs),
+// then a last single input row.
 __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float* w, float* y, int M, int K, int N,
                                                    int n0, int n1) {
   const int k8 = K & ~7;
@@ -65,7 +75,38 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
     const float* w1 = w0 + K;
     const float* w2 = w1 + K;
     const float* w3 = w2 + K;
-    for (int m = 0; m < M; ++m) {
+    int m = 0;
+    for (; m + 2 <= M; m += 2) {
+      const float* xa = x + static_cast<size_t>(m) * K;
+      const float* xb = xa + K;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+             a3 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(),
+             b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
+      for (int k = 0; k < k8; k += 8) {
+        __m256 xv = _mm256_loadu_ps(xa + k), xu = _mm256_loadu_ps(xb + k);
+        __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), v2 = _mm256_loadu_ps(w2 + k),
+               v3 = _mm256_loadu_ps(w3 + k);
+        a0 = _mm256_fmadd_ps(xv, v0, a0);
+        a1 = _mm256_fmadd_ps(xv, v1, a1);
+        a2 = _mm256_fmadd_ps(xv, v2, a2);
+        a3 = _mm256_fmadd_ps(xv, v3, a3);
+        b0 = _mm256_fmadd_ps(xu, v0, b0);
+        b1 = _mm256_fmadd_ps(xu, v1, b1);
+        b2 = _mm256_fmadd_ps(xu, v2, b2);
+        b3 = _mm256_fmadd_ps(xu, v3, b3);
+      }
+      float* ya = y + static_cast<size_t>(m) * N + n;
+      float* yb = ya + N;
+      ya[0] = finish(a0, xa, w0, k8, K);
+      ya[1] = finish(a1, xa, w1, k8, K);
+      ya[2] = finish(a2, xa, w2, k8, K);
+      ya[3] = finish(a3, xa, w3, k8, K);
+      yb[0] = finish(b0, xb, w0, k8, K);
+      yb[1] = finish(b1, xb, w1, k8, K);
+      yb[2] = finish(b2, xb, w2, k8, K);
+      yb[3] = finish(b3, xb, w3, k8, K);
+    }
+    for (; m < M; ++m) {
       const float* xr = x + static_cast<size_t>(m) * K;
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
              a3 = _mm256_setzero_ps();
@@ -76,18 +117,11 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
         a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + k), a2);
         a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + k), a3);
       }
-      float t0 = 0, t1 = 0, t2 = 0, t3 = 0;
-      for (int k = k8; k < K; ++k) {
-        t0 = std::fma(xr[k], w0[k], t0);
-        t1 = std::fma(xr[k], w1[k], t1);
-        t2 = std::fma(xr[k], w2[k], t2);
-        t3 = std::fma(xr[k], w3[k], t3);
-      }
       float* yr = y + static_cast<size_t>(m) * N + n;
-      yr[0] = reduce8(a0) + t0;
-      yr[1] = reduce8(a1) + t1;
-      yr[2] = reduce8(a2) + t2;
-      yr[3] = reduce8(a3) + t3;
+      yr[0] = finish(a0, xr, w0, k8, K);
+      yr[1] = finish(a1, xr, w1, k8, K);
+      yr[2] = finish(a2, xr, w2, k8, K);
+      yr[3] = finish(a3, xr, w3, k8, K);
     }
   }
   // Leftover weight rows: the same single-row arithmetic.
@@ -97,9 +131,7 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
       const float* xr = x + static_cast<size_t>(m) * K;
       __m256 a0 = _mm256_setzero_ps();
       for (int k = 0; k < k8; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xr + k), _mm256_loadu_ps(w0 + k), a0);
-      float t0 = 0;
-      for (int k = k8; k < K; ++k) t0 = std::fma(xr[k], w0[k], t0);
-      y[static_cast<size_t>(m) * N + n] = reduce8(a0) + t0;
+      y[static_cast<size_t>(m) * N + n] = finish(a0, xr, w0, k8, K);
     }
   }
 }

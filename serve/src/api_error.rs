@@ -1,0 +1,59 @@
+//! Errors a client sees, in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`
+//! with HTTP 400 for bad input (naming the field in `param`) and 500 for internal failures.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// An error response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's `type`: `invalid_request_error` or `server_error`.
+    pub kind: &'static str,
+    /// The request field at fault, if one is.
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// HTTP 400 about `param` (None when no single field is at fault).
+    pub fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code: None,
+        }
+    }
+
+    /// HTTP 400 about `param` with a machine-readable `code`.
+    pub fn invalid_code(param: &str, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { code: Some(code), ..ApiError::invalid(Some(param), message) }
+    }
+
+    /// HTTP 500: the request was fine, serving it failed.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}

@@ -1,0 +1,408 @@
+//! The engine: one worker thread owns the target (MLX arrays are not `Sync`, so they stay on
+//! the thread that made them) and a pool of drafters, one per concurrent session. Requests
+//! arrive through a channel and are admitted in arrival order while fewer than
+//! `max_concurrency` sessions are active; the active sessions then advance one round each in
+//! turn. Each session's output goes back through its own tokio channel; a session whose
+//! receiver is gone (the client disconnected) is dropped before its next round.
+//!
+//! Every request's start and every round run under `catch_unwind`: a failure, even a panic,
+//! ends that request with an error event and the worker goes on.
+//!
+//! Batching next: the per-round loop below already holds every active session's state
+//! ([`Session`]: caches, drafter context, sampler keys, stats) apart from the models, so
+//! verifying several sessions' windows in one batched target forward (Algorithm 1 across
+//! requests) replaces the inner `step` calls with one batched step, without a new structure.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use gemma4::chat_template::ChatTemplate;
+use gemma4::tokenizer::{stop_tokens, Tokenizer};
+use gemma4::{ComputeDtype, Model, TextConfig};
+use spec_decode::Drafter;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::{Error, Result};
+use crate::prompt_cache::PromptCache;
+use crate::session::{Outcome, Request, Session, StepOut};
+
+/// How the engine is set up.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The target checkpoint directory.
+    pub model_dir: PathBuf,
+    /// The model id clients name (`model` in requests, `/v1/models`).
+    pub model_id: String,
+    /// A drafter checkpoint directory: speculative decoding; `None`: plain decoding.
+    pub drafter_dir: Option<PathBuf>,
+    /// Sessions decoded at once (each speculative one holds its own drafter).
+    pub max_concurrency: usize,
+    /// Prefill chunk size; also the grid the prompt cache reuses prefixes on.
+    pub prefill_step: usize,
+    /// Prefix states the prompt cache keeps (0 turns it off).
+    pub prompt_cache: usize,
+    /// Drafts per round (`None`: the drafter's block size).
+    pub gamma: Option<usize>,
+    /// The compute dtype the model is loaded in (see `gemma4::compute`).
+    pub dtype: ComputeDtype,
+    /// Tests only: a request whose prompt holds this token panics in the worker, to show that
+    /// an internal failure answers 500 and the worker goes on.
+    #[cfg(feature = "testing")]
+    pub panic_on_token: Option<u32>,
+}
+
+impl EngineConfig {
+    /// Defaults for `model_dir`: plain decoding, 4 sessions, 2048-token prefill chunks, a
+    /// prompt cache of 8 states, the checkpoint's own dtype.
+    pub fn new(model_dir: PathBuf, model_id: String) -> EngineConfig {
+        EngineConfig {
+            model_dir,
+            model_id,
+            drafter_dir: None,
+            max_concurrency: 4,
+            prefill_step: 2048,
+            prompt_cache: 8,
+            gamma: None,
+            dtype: ComputeDtype::Stored,
+            #[cfg(feature = "testing")]
+            panic_on_token: None,
+        }
+    }
+}
+
+/// What the HTTP side needs to know about the served model, read without MLX.
+#[derive(Debug)]
+pub struct ModelInfo {
+    pub id: String,
+    /// Positions the model was trained for: prompt plus completion must fit.
+    pub context: usize,
+    pub vocab: usize,
+    /// Tokens that end generation (not emitted).
+    pub stop_tokens: Vec<u32>,
+    pub tokenizer: Option<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub speculative: bool,
+    pub prefill_step: usize,
+    pub gamma: Option<usize>,
+}
+
+/// What a session sends back.
+#[derive(Debug)]
+pub enum Event {
+    /// One round's output.
+    Step(StepOut),
+    /// The session ended; the last event.
+    Done(Box<Outcome>),
+    /// The request failed (a message for the client); the last event.
+    Failed(String),
+}
+
+/// A request for the worker.
+pub struct Job {
+    pub request: Request,
+    /// Where the events go; dropping the receiver cancels the request.
+    pub events: UnboundedSender<Event>,
+    /// Names the request in the log.
+    pub label: String,
+}
+
+/// Request counts, for `/health` and for checking that nothing leaks.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Submitted, not yet admitted.
+    pub queued: AtomicUsize,
+    /// Sessions decoding now.
+    pub active: AtomicUsize,
+    pub completed: AtomicUsize,
+    /// Ended because the client went away (queued or active).
+    pub cancelled: AtomicUsize,
+    pub failed: AtomicUsize,
+}
+
+impl Counters {
+    /// The counts as JSON.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let g = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "queued": g(&self.queued), "active": g(&self.active), "completed": g(&self.completed),
+            "cancelled": g(&self.cancelled), "failed": g(&self.failed),
+        })
+    }
+}
+
+fn inc(c: &AtomicUsize) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+fn dec(c: &AtomicUsize) {
+    c.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// A running engine (see the module docs).
+pub struct Engine {
+    tx: Option<Sender<Job>>,
+    info: Arc<ModelInfo>,
+    counters: Arc<Counters>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Reads the config and tokenizer, then loads the target and `max_concurrency` drafters on
+    /// the worker thread; returns once they are loaded (or with the load error).
+    pub fn start(cfg: EngineConfig) -> Result<Engine> {
+        if cfg.max_concurrency == 0 {
+            return Err(Error::Settings { what: "max_concurrency", detail: "must be at least 1".into() });
+        }
+        let load_err = |detail: String| Error::Load { path: cfg.model_dir.clone(), detail };
+        let text_cfg = TextConfig::from_dir(&cfg.model_dir).map_err(|e| load_err(e.to_string()))?;
+        let tokenizer = if cfg.model_dir.join("tokenizer.json").is_file() {
+            Some(Tokenizer::from_dir(&cfg.model_dir)?)
+        } else {
+            None
+        };
+        let template = match &tokenizer {
+            Some(t) => ChatTemplate::of(t)?,
+            None => None,
+        };
+        let info = Arc::new(ModelInfo {
+            id: cfg.model_id.clone(),
+            context: text_cfg.max_position_embeddings,
+            vocab: text_cfg.vocab_size,
+            stop_tokens: stop_tokens(&text_cfg, tokenizer.as_ref()),
+            tokenizer,
+            template,
+            speculative: cfg.drafter_dir.is_some(),
+            prefill_step: cfg.prefill_step.max(1),
+            gamma: cfg.gamma,
+        });
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<()>>(1);
+        let winfo = Arc::clone(&info);
+        let counters = Arc::new(Counters::default());
+        let wcounters = Arc::clone(&counters);
+        let worker = std::thread::Builder::new()
+            .name("dspark-engine".into())
+            .spawn(move || worker(cfg, winfo, wcounters, rx, ready_tx))
+            .map_err(|e| Error::EngineStopped(format!("cannot start the worker thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Engine { tx: Some(tx), info, counters, worker: Some(worker) }),
+            Ok(Err(e)) => {
+                let _ = worker.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = worker.join();
+                Err(Error::EngineStopped("the worker ended while loading".into()))
+            }
+        }
+    }
+
+    /// The served model.
+    pub fn info(&self) -> &Arc<ModelInfo> {
+        &self.info
+    }
+
+    /// The request counts.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// Queues a request.
+    pub fn submit(&self, job: Job) -> Result<()> {
+        let tx = self.tx.as_ref().ok_or_else(|| Error::EngineStopped("shut down".into()))?;
+        inc(&self.counters.queued);
+        tx.send(job).map_err(|_| {
+            dec(&self.counters.queued);
+            Error::EngineStopped("the worker has stopped".into())
+        })
+    }
+
+    /// Stops taking requests, lets the active and queued ones finish, and joins the worker.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.tx = None;
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An admitted request.
+struct Active<'m, 't> {
+    job: Job,
+    session: Session<'m, 't>,
+    slot: usize,
+    t0: Instant,
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+/// Runs `f`, turning a panic into an error.
+fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(Error::Panicked(panic_message(p))))
+}
+
+fn load(cfg: &EngineConfig) -> Result<(Model, Vec<Box<dyn Drafter>>)> {
+    let load_err = |e: gemma4::Error| Error::Load { path: cfg.model_dir.clone(), detail: e.to_string() };
+    let device = mlx_core::Device::default_device().map_err(|e| load_err(e.into()))?;
+    let (model, _) = Model::load_as(&cfg.model_dir, cfg.dtype, device).map_err(load_err)?;
+    let mut drafters = Vec::new();
+    if let Some(dir) = &cfg.drafter_dir {
+        for _ in 0..cfg.max_concurrency {
+            let d = spec_decode::load_drafter(dir, model.config())
+                .map_err(|e| Error::Load { path: dir.clone(), detail: e.to_string() })?;
+            drafters.push(d);
+        }
+        // Refuse a bad gamma now rather than on every request.
+        spec_decode::SpecConfig { gamma: cfg.gamma, ..Default::default() }.gamma_for(drafters[0].as_ref())?;
+    }
+    Ok((model, drafters))
+}
+
+fn log_done(label: &str, o: &Outcome, wall_ms: f64) {
+    let tau = o.speculation.as_ref().map_or_else(|| "-".to_string(), |s| format!("{:.2}", s.tau()));
+    eprintln!(
+        "dspark serve: {label} | prompt {} tokens ({} cached) | completion {} tokens | {:.1} tok/s | τ {tau} | finish {} | {:.0} ms",
+        o.prompt_tokens,
+        o.cached_tokens,
+        o.tokens.len(),
+        o.tok_per_s(),
+        o.finish.as_str(),
+        wall_ms
+    );
+}
+
+fn worker(
+    cfg: EngineConfig,
+    info: Arc<ModelInfo>,
+    n: Arc<Counters>,
+    rx: Receiver<Job>,
+    ready: mpsc::SyncSender<Result<()>>,
+) {
+    let (model, mut drafters) = match guarded(|| load(&cfg)) {
+        Ok(m) => {
+            let _ = ready.send(Ok(()));
+            m
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    drop(ready);
+    let model = &model;
+    let tok = info.tokenizer.as_ref();
+    let mut cache = PromptCache::new(cfg.prompt_cache);
+    let mut active: Vec<Active<'_, '_>> = Vec::new();
+    // Drafter slots not in use (a plain engine has no drafters; its sessions use slot 0).
+    let mut free: Vec<usize> = (0..cfg.max_concurrency).rev().collect();
+    loop {
+        // Admit in arrival order; block only when nothing is running.
+        while !free.is_empty() {
+            let job = if active.is_empty() {
+                match rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(j) => j,
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                }
+            };
+            dec(&n.queued);
+            if job.events.is_closed() {
+                eprintln!("dspark serve: {} | cancelled while queued", job.label);
+                inc(&n.cancelled);
+                continue;
+            }
+            let Some(slot) = free.pop() else {
+                let _ = job.events.send(Event::Failed("no free session slot".into()));
+                inc(&n.failed);
+                break;
+            };
+            let t0 = Instant::now();
+            let drafter = drafters.get_mut(slot).map(|d| d.as_mut());
+            match guarded(|| {
+                #[cfg(feature = "testing")]
+                if cfg.panic_on_token.is_some_and(|t| job.request.prompt.contains(&t)) {
+                    panic!("injected fault (testing)");
+                }
+                Session::start(model, drafter, &job.request, tok, Some(&mut cache))
+            }) {
+                Ok(session) => {
+                    inc(&n.active);
+                    active.push(Active { job, session, slot, t0 });
+                }
+                Err(e) => {
+                    eprintln!("dspark serve: {} | failed: {e}", job.label);
+                    inc(&n.failed);
+                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    free.push(slot);
+                }
+            }
+        }
+        // One round for each active session, in admission order.
+        let mut i = 0;
+        while i < active.len() {
+            let a = &mut active[i];
+            if a.job.events.is_closed() {
+                let a = active.remove(i);
+                let o = a.session.finish();
+                eprintln!("dspark serve: {} | cancelled by the client after {} tokens", a.job.label, o.tokens.len());
+                dec(&n.active);
+                inc(&n.cancelled);
+                free.push(a.slot);
+                continue;
+            }
+            let drafter = drafters.get_mut(a.slot).map(|d| d.as_mut());
+            match guarded(|| a.session.step(model, drafter)) {
+                Ok(out) => {
+                    let done = out.finished.is_some();
+                    if !out.tokens.is_empty() || !out.text.is_empty() {
+                        let _ = a.job.events.send(Event::Step(out));
+                    }
+                    if done {
+                        let a = active.remove(i);
+                        let o = a.session.finish();
+                        log_done(&a.job.label, &o, a.t0.elapsed().as_secs_f64() * 1e3);
+                        dec(&n.active);
+                        inc(&n.completed);
+                        let _ = a.job.events.send(Event::Done(Box::new(o)));
+                        free.push(a.slot);
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    let a = active.remove(i);
+                    eprintln!("dspark serve: {} | failed: {e}", a.job.label);
+                    dec(&n.active);
+                    inc(&n.failed);
+                    let _ = a.job.events.send(Event::Failed(e.to_string()));
+                    free.push(a.slot);
+                    continue;
+                }
+            }
+            i += 1;
+        }
+    }
+}
