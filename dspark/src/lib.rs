@@ -14,3 +14,4 @@ pub mod quantize_target;
 pub mod regen;
 pub mod serve;
 pub mod train;
+pub mod train_target;

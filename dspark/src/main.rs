@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use dspark::{
-    calibrate, default_model, doctor, eval_drafter, generate, quantize_drafter, quantize_target, regen, serve, train,
+    calibrate, default_model, doctor, eval_drafter, generate, quantize_drafter, quantize_target, regen, serve, train, train_target,
 };
 
 #[derive(Parser)]
@@ -27,6 +27,8 @@ enum Cmd {
     /// Regenerate drafter training data: the target answers prompts (or reads documents) and its
     /// tapped hidden rows are written as shards (resumable).
     Regen(regen::Args),
+    /// Train a small Gemma-4 target from scratch on Python's standard library (with its BPE).
+    TrainTarget(train_target::Args),
     /// Train a DSpark drafter for a target on shards written by `dspark regen`.
     Train(train::Args),
     /// Live τ (greedy and sampled) next to analytic τ for a DSpark drafter on held-out prompts.
@@ -52,6 +54,7 @@ fn main() -> Result<()> {
         Cmd::Calibrate(args) => calibrate::run(args),
         Cmd::Regen(args) => regen::run(args),
         Cmd::Train(args) => train::run(args),
+        Cmd::TrainTarget(args) => train_target::run(args),
         Cmd::EvalDrafter(args) => eval_drafter::run(args),
         Cmd::Doctor(args) => doctor::run(args),
         Cmd::Serve(args) => serve::run(args),

@@ -18,7 +18,9 @@
 
 mod adamw;
 pub mod analytic;
+pub mod bpe;
 mod clip;
+pub mod corpus;
 pub mod drafter_train;
 mod error;
 pub mod live;

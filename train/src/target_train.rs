@@ -76,6 +76,38 @@ pub struct TargetReport {
     pub seconds: f64,
 }
 
+/// A small genuine Gemma-4 text config: sliding layers (window `window`) with a full layer
+/// every fourth and last, partial rotary (¼) on full layers, logit softcap 30, tied head, GQA
+/// with one KV head, MLP 4× hidden. Token ids: 0 pad, 1 eos, 2 bos.
+pub fn small_config(vocab: usize, hidden: usize, layers: usize, heads: usize, window: usize) -> Result<TextConfig> {
+    if heads == 0 || hidden % heads != 0 || layers == 0 {
+        return Err(Error::Invalid {
+            what: "target shape".into(),
+            detail: format!("hidden {hidden} must be a multiple of heads {heads}, layers ≥ 1 (got {layers})"),
+        });
+    }
+    let kinds: Vec<&str> = (0..layers)
+        .map(|i| if (i + 1) % 4 == 0 || i + 1 == layers { "full_attention" } else { "sliding_attention" })
+        .collect();
+    let head_dim = hidden / heads;
+    let v = serde_json::json!({
+        "model_type": "gemma4_text", "hidden_size": hidden, "num_hidden_layers": layers,
+        "layer_types": kinds, "num_kv_shared_layers": 0,
+        "intermediate_size": 4 * hidden, "use_double_wide_mlp": false,
+        "num_attention_heads": heads, "num_key_value_heads": 1, "head_dim": head_dim,
+        "global_head_dim": head_dim, "num_global_key_value_heads": null, "attention_k_eq_v": false,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+        },
+        "sliding_window": window, "hidden_size_per_layer_input": 0,
+        "vocab_size": vocab, "vocab_size_per_layer_input": vocab, "final_logit_softcapping": 30.0,
+        "enable_moe_block": false, "tie_word_embeddings": true, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 8192, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
+    });
+    Ok(TextConfig::from_json_str(&v.to_string()).map_err(gemma4::Error::from)?)
+}
+
 /// Initial parameters: gemma4's random init for matrices (N(0, 1/fan_in)), norms and scalars at
 /// exactly 1 (a trained model starts from identity scales, not the random-test draws).
 pub fn init_params(cfg: &TextConfig, seed: u64) -> Result<(Vec<String>, Vec<Array>)> {
