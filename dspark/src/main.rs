@@ -4,7 +4,8 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use dspark::{
-    calibrate, default_model, doctor, eval_drafter, generate, quantize_drafter, quantize_target, regen, serve, train, train_target,
+    calibrate, default_model, doctor, eval_drafter, generate, quantize_drafter, quantize_target, regen, serve, train,
+    train_target,
 };
 
 #[derive(Parser)]

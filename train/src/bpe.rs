@@ -34,14 +34,15 @@ pub fn train_bpe<'a>(texts: impl Iterator<Item = &'a str> + Send, vocab_size: us
         .min_frequency(2)
         .show_progress(false)
         .special_tokens(specials)
-        .initial_alphabet(ByteLevel::alphabet())
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build();
-    let mut tk = TokenizerBuilder::<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>::new()
-        .with_model(BPE::default())
-        .with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true))))
-        .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())))
-        .build()
-        .map_err(tok_err("building the tokenizer"))?;
+    let mut tk =
+        TokenizerBuilder::<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>::new()
+            .with_model(BPE::default())
+            .with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true))))
+            .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())))
+            .build()
+            .map_err(tok_err("building the tokenizer"))?;
     tk.train(&mut trainer, texts).map_err(tok_err("training the tokenizer"))?;
     Ok(Tokenizer::from(tk))
 }
@@ -67,7 +68,8 @@ mod tests {
 
     #[test]
     fn trains_a_byte_level_bpe_that_round_trips() {
-        let text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n";
+        let text =
+            "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n";
         let docs: Vec<String> = (0..50).map(|i| format!("{text}# variant {i}\nx_{i} = fibonacci({i})\n")).collect();
         let tk = train_bpe(docs.iter().map(String::as_str), 400).unwrap();
         assert!(tk.get_vocab_size(true) <= 400 && tk.get_vocab_size(true) > 300, "{}", tk.get_vocab_size(true));

@@ -55,7 +55,10 @@ pub fn stdlib_dir(python: Option<&str>) -> Result<PathBuf> {
     }
     let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     if !dir.is_dir() {
-        return Err(Error::Invalid { what: py.into(), detail: format!("its stdlib {} is not a directory", dir.display()) });
+        return Err(Error::Invalid {
+            what: py.into(),
+            detail: format!("its stdlib {} is not a directory", dir.display()),
+        });
     }
     Ok(dir)
 }
@@ -71,7 +74,8 @@ pub fn list_sources(root: &Path) -> Result<Vec<SourceFile>> {
             let p = e.path();
             let name = e.file_name().to_string_lossy().into_owned();
             if p.is_dir() {
-                if !matches!(name.as_str(), "site-packages" | "__pycache__" | "dist-packages") && !name.starts_with('.') {
+                if !matches!(name.as_str(), "site-packages" | "__pycache__" | "dist-packages") && !name.starts_with('.')
+                {
                     stack.push(p);
                 }
             } else if name.ends_with(".py") {
