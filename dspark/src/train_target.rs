@@ -108,8 +108,8 @@ pub fn run(a: Args) -> Result<()> {
     let encode = |docs: &[(String, String)]| -> Result<Vec<u32>> {
         let mut stream = Vec::new();
         for (_, text) in docs {
-            let enc = tk.encode(text.as_str(), false).map_err(|e| anyhow::anyhow!("encoding: {e}"))?;
-            stream.push(2); // <bos>
+            // <bos> comes from the tokenizer's template, as it will for prompts.
+            let enc = tk.encode(text.as_str(), true).map_err(|e| anyhow::anyhow!("encoding: {e}"))?;
             stream.extend_from_slice(enc.get_ids());
             stream.push(1); // <eos>
         }

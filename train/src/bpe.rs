@@ -8,6 +8,7 @@ use serde_json::json;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper};
 use tokenizers::{Tokenizer, TokenizerBuilder};
 
@@ -44,6 +45,15 @@ pub fn train_bpe<'a>(texts: impl Iterator<Item = &'a str> + Send, vocab_size: us
             .build()
             .map_err(tok_err("building the tokenizer"))?;
     tk.train(&mut trainer, texts).map_err(tok_err("training the tokenizer"))?;
+    // Encoding with special tokens puts <bos> first, as Gemma's tokenizer.json does.
+    let bos = TemplateProcessing::builder()
+        .try_single(format!("{} $A", SPECIALS[2]))
+        .and_then(|b| b.try_pair(format!("{} $A {} $B", SPECIALS[2], SPECIALS[2])))
+        .map_err(|e| Error::Invalid { what: "the tokenizer's template".into(), detail: e.to_string() })?
+        .special_tokens(vec![(SPECIALS[2], 2)])
+        .build()
+        .map_err(|e| Error::Invalid { what: "the tokenizer's template".into(), detail: e.to_string() })?;
+    tk.with_post_processor(Some(PostProcessorWrapper::Template(bos)));
     Ok(Tokenizer::from(tk))
 }
 
@@ -76,7 +86,10 @@ mod tests {
         for (i, s) in SPECIALS.iter().enumerate() {
             assert_eq!(tk.token_to_id(s), Some(i as u32), "{s}");
         }
+        let with_bos = tk.encode(text, true).unwrap().get_ids().to_vec();
+        assert_eq!(with_bos[0], 2, "encoding with special tokens starts with <bos>");
         let ids = tk.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(&with_bos[1..], &ids[..]);
         assert!(ids.len() < text.len() / 2, "merges compress code: {} ids for {} bytes", ids.len(), text.len());
         assert_eq!(tk.decode(&ids, true).unwrap(), text, "byte-level BPE round-trips");
         // Unseen bytes still encode (byte fallback through the initial alphabet).
