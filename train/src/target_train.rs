@@ -80,7 +80,7 @@ pub struct TargetReport {
 /// every fourth and last, partial rotary (¼) on full layers, logit softcap 30, tied head, GQA
 /// with one KV head, MLP 4× hidden. Token ids: 0 pad, 1 eos, 2 bos.
 pub fn small_config(vocab: usize, hidden: usize, layers: usize, heads: usize, window: usize) -> Result<TextConfig> {
-    if heads == 0 || hidden % heads != 0 || layers == 0 {
+    if heads == 0 || !hidden.is_multiple_of(heads) || layers == 0 {
         return Err(Error::Invalid {
             what: "target shape".into(),
             detail: format!("hidden {hidden} must be a multiple of heads {heads}, layers ≥ 1 (got {layers})"),
@@ -278,5 +278,18 @@ mod tests {
         assert!(e.to_string().contains("cannot hold a window of 9"), "{e}");
         let e = train_target(&cfg, init_params(&cfg, 1).unwrap(), &[99; 50], &[5; 50], &tc, |_| {}).unwrap_err();
         assert!(e.to_string().contains("id 99"), "{e}");
+    }
+
+    #[test]
+    fn small_config_is_a_genuine_gemma4_text_config() {
+        let cfg = small_config(4096, 256, 6, 4, 128).unwrap();
+        let full: Vec<usize> =
+            cfg.layers.iter().enumerate().filter(|(_, l)| l.kind == gemma4::LayerKind::Full).map(|(i, _)| i).collect();
+        assert_eq!(full, vec![3, 5], "a full layer every fourth and last");
+        assert_eq!(cfg.sliding_window, 128);
+        assert!(cfg.tie_word_embeddings && cfg.final_logit_softcapping == Some(30.0));
+        assert_eq!((cfg.bos_token_id, cfg.eos_token_ids.clone()), (2, vec![1]));
+        let e = small_config(4096, 250, 6, 4, 128).unwrap_err().to_string();
+        assert!(e.contains("multiple of heads 4"), "{e}");
     }
 }
