@@ -108,23 +108,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.chat && a.prompt.is_none() {
         bail!("--chat renders a text --prompt as a chat message; give --prompt");
     }
-    if !a.device.is_available() {
-        bail!("--device {:?}: this MLX build has no such backend (MLX at {})", a.device, mlx_core::MLX_DIR);
-    }
-    if let Some(m) = &a.model {
-        crate::paths::refuse_drafter_as_model(m, "--model")?;
-        if a.drafter.as_deref() == Some("default") {
-            bail!(
-                "--drafter default belongs to the embedded default model; pass a drafter directory for --model {}",
-                m.display()
-            );
-        }
-    }
-    a.device.set_default()?;
-    let dir = match &a.model {
-        Some(d) => d.clone(),
-        None => crate::default_model::ensure(false)?,
-    };
+    let dir = crate::paths::select_target(a.model.as_deref(), a.drafter.as_deref(), a.device)?;
     let (model, resolved) =
         Model::load_as(&dir, a.dtype, a.device).with_context(|| format!("loading the model in {}", dir.display()))?;
     eprintln!("dspark: loaded {} computing in {}", dir.display(), resolved.describe());

@@ -82,6 +82,29 @@ pub fn refuse_drafter_as_model(dir: &Path, flag: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The checks `generate` and `serve` share before loading: the device exists, `--model` is
+/// not a drafter, `--drafter default` goes with the default model only; then selects the
+/// device and returns the model directory (the embedded default when `model` is None).
+pub fn select_target(model: Option<&Path>, drafter: Option<&str>, device: mlx_core::Device) -> anyhow::Result<PathBuf> {
+    if !device.is_available() {
+        anyhow::bail!("--device {device:?}: this MLX build has no such backend (MLX at {})", mlx_core::MLX_DIR);
+    }
+    if let Some(m) = model {
+        refuse_drafter_as_model(m, "--model")?;
+        if drafter == Some("default") {
+            anyhow::bail!(
+                "--drafter default belongs to the embedded default model; pass a drafter directory for --model {}",
+                m.display()
+            );
+        }
+    }
+    device.set_default()?;
+    match model {
+        Some(d) => Ok(d.to_path_buf()),
+        None => crate::default_model::ensure(false),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,23 +60,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.prefill_step == 0 {
         bail!("--prefill-step must be at least 1");
     }
-    if !a.device.is_available() {
-        bail!("--device {:?}: this MLX build has no such backend (MLX at {})", a.device, mlx_core::MLX_DIR);
-    }
-    if let Some(m) = &a.model {
-        crate::paths::refuse_drafter_as_model(m, "--model")?;
-        if a.drafter.as_deref() == Some("default") {
-            bail!(
-                "--drafter default belongs to the embedded default model; pass a drafter directory for --model {}",
-                m.display()
-            );
-        }
-    }
-    a.device.set_default()?;
-    let dir = match &a.model {
-        Some(d) => d.clone(),
-        None => crate::default_model::ensure(false)?,
-    };
+    let dir = crate::paths::select_target(a.model.as_deref(), a.drafter.as_deref(), a.device)?;
     let drafter_dir = match a.drafter.as_deref() {
         None => None,
         Some("default") => Some(crate::default_model::ensure_drafter(&dir, false)?),
