@@ -202,13 +202,6 @@ fn speculative_speedup(reps: usize) -> Result<Value> {
     Ok(Value::Array(rows))
 }
 
-/// Peak resident memory of this process (Linux `VmHWM`), in MB.
-fn peak_rss_mb() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: f64 = s.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
-}
-
 pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
     let plan = Plan::new(quick);
     std::fs::create_dir_all(root)?;
@@ -316,13 +309,13 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
             r["compute"].as_str().unwrap_or("?")
         );
     }
-    let rss = peak_rss_mb();
-    println!("\npeak RSS {:.0} MB", rss.unwrap_or(0.0));
+    let rss = dspark::train::peak_rss_mib();
+    println!("\npeak RSS {:.0} MiB", rss.unwrap_or(0.0));
     let report = json!({
         "quick": quick, "blas": mlx_core::blas::linked(), "sgemm_gflops": check.gflops,
         "row_quantum": mlx_core::blas::row_quantum(), "speed": rows, "verify_cost": curves,
         "drafter_round_ms": drafter_rounds.iter().map(|(l, ms)| json!({"context_rows": l, "ms": ms})).collect::<Vec<_>>(),
-        "speculative": spec, "peak_rss_mb": rss,
+        "speculative": spec, "peak_rss_mib": rss,
     });
     let path = root.join("bench.json");
     let tmp = path.with_extension("json.tmp");
