@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use gemma4::tokenizer::Tokenizer;
-use gemma4::Model;
+use gemma4::{ComputeDtype, Model};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_core::Device;
 use train::regen::{default_taps, read_input_lines, regen, validate_taps, RegenMode, RegenOptions};
@@ -59,6 +59,14 @@ pub struct Args {
     /// cpu or gpu (Metal on Apple Silicon, CUDA with the mlx-cuda wheels).
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// Encode prompts as plain text even if the tokenizer has a chat template (for a base
+    /// model continuing text, such as the embedded default continuing code).
+    #[arg(long, conflicts_with = "from_text")]
+    plain: bool,
+    /// Compute dtype (as for `generate`): auto computes in f32 on the CPU when it fits; the
+    /// stored rows are bf16 whatever it is.
+    #[arg(long, default_value = "auto")]
+    dtype: ComputeDtype,
 }
 
 fn parse_taps(s: &str) -> Result<Vec<usize>> {
@@ -108,7 +116,9 @@ pub fn run(a: Args) -> Result<()> {
 
     a.device.set_default()?;
     eprintln!("dspark: loading {}", a.model.display());
-    let model = Model::load(&a.model).with_context(|| format!("loading the model in {}", a.model.display()))?;
+    let (model, resolved) = Model::load_as(&a.model, a.dtype, a.device)
+        .with_context(|| format!("loading the model in {}", a.model.display()))?;
+    eprintln!("dspark: computing in {}", resolved.describe());
     let layers = model.config().num_hidden_layers;
     let taps = taps.unwrap_or_else(|| default_taps(layers));
     validate_taps(&taps, layers).context("--taps")?;
@@ -124,7 +134,8 @@ pub fn run(a: Args) -> Result<()> {
     );
     bar.set_prefix(if key == "prompt" { "prompts" } else { "documents" });
     bar.enable_steady_tick(Duration::from_millis(500));
-    let opts = RegenOptions { mode, taps: taps.clone(), seqs_per_shard, force: a.force, labels };
+    let opts =
+        RegenOptions { mode, taps: taps.clone(), seqs_per_shard, force: a.force, labels, plain_prompts: a.plain };
     let result = regen(&model, tokenizer.as_ref(), &inputs, &a.out, &opts, |p| {
         bar.set_position(p.done as u64);
         if p.skipped > 0 && p.done == p.skipped {

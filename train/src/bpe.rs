@@ -57,7 +57,14 @@ pub fn train_bpe<'a>(texts: impl Iterator<Item = &'a str> + Send, vocab_size: us
     Ok(Tokenizer::from(tk))
 }
 
-/// Writes `tokenizer.json` and a `tokenizer_config.json` naming bos, eos and pad into `dir`.
+/// The chat template of a code model trained here: each message becomes a Python comment line
+/// (`# role: content`) and the reply starts after `# assistant:`, so chat requests continue
+/// code the way the model was trained to.
+pub const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}# {{ message['role'] }}: \
+{{ message['content'] | trim }}\n{% endfor %}{% if add_generation_prompt %}# assistant:\n{% endif %}";
+
+/// Writes `tokenizer.json` and a `tokenizer_config.json` naming bos, eos, pad and the
+/// [`CHAT_TEMPLATE`] into `dir`.
 pub fn write_tokenizer(tk: &Tokenizer, dir: &Path) -> Result<()> {
     let path = dir.join("tokenizer.json");
     tk.save(&path, false).map_err(tok_err("writing tokenizer.json"))?;
@@ -66,6 +73,7 @@ pub fn write_tokenizer(tk: &Tokenizer, dir: &Path) -> Result<()> {
         "bos_token": SPECIALS[2], "eos_token": SPECIALS[1], "pad_token": SPECIALS[0],
         "add_bos_token": true, "add_eos_token": false,
         "model_max_length": 4096,
+        "chat_template": CHAT_TEMPLATE,
     });
     let cpath = dir.join("tokenizer_config.json");
     std::fs::write(&cpath, serde_json::to_string_pretty(&config).unwrap_or_default())
@@ -97,5 +105,19 @@ mod tests {
         let ids = tk.encode(odd, false).unwrap().get_ids().to_vec();
         assert_eq!(tk.decode(&ids, true).unwrap(), odd);
         assert!(train_bpe(docs.iter().map(String::as_str), 100).unwrap_err().to_string().contains("at least 259"));
+    }
+
+    #[test]
+    fn the_written_tokenizer_loads_with_its_chat_template() {
+        let docs: Vec<String> = (0..40).map(|i| format!("def f{i}(x):\n    return x + {i}\n")).collect();
+        let tk = train_bpe(docs.iter().map(String::as_str), 300).unwrap();
+        let dir = std::env::temp_dir().join(format!("dspark-bpe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        write_tokenizer(&tk, &dir).unwrap();
+        let loaded = gemma4::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+        let t = gemma4::chat_template::ChatTemplate::of(&loaded).unwrap().expect("a chat template");
+        assert_eq!(t.render("  sort a list ").unwrap(), "<bos># user: sort a list\n# assistant:\n");
+        assert_eq!(loaded.encode("def f(x):", true).unwrap()[0], 2, "<bos> first");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

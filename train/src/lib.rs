@@ -25,6 +25,7 @@ pub mod drafter_train;
 mod error;
 pub mod live;
 pub mod lock;
+pub mod prompts;
 pub mod regen;
 mod rng;
 pub mod sampler;

@@ -60,6 +60,9 @@ pub struct RegenOptions {
     /// How errors name input item `i` (e.g. `prompts.jsonl:7`, from [`read_input_lines`]);
     /// where absent, `input item i`.
     pub labels: Vec<String>,
+    /// Encode prompts as plain text even when the tokenizer has a chat template (a base model
+    /// continuing code, say).
+    pub plain_prompts: bool,
 }
 
 impl RegenOptions {
@@ -471,7 +474,8 @@ pub fn regen(
         }
         RegenMode::FromText { .. } => {}
     }
-    let encoder = Encoder::new(tok, cfg.vocab_size, matches!(opts.mode, RegenMode::Generate { .. }))?;
+    let chat = matches!(opts.mode, RegenMode::Generate { .. }) && !opts.plain_prompts;
+    let encoder = Encoder::new(tok, cfg.vocab_size, chat)?;
     let target = TargetId::of(cfg);
     let header = LedgerHeader {
         format: LEDGER_FORMAT.into(),

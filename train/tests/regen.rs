@@ -36,6 +36,7 @@ fn opts(taps: Vec<usize>, per_shard: usize) -> RegenOptions {
         seqs_per_shard: per_shard,
         force: false,
         labels: Vec::new(),
+        plain_prompts: false,
     }
 }
 

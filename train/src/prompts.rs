@@ -1,0 +1,141 @@
+//! Prompts cut from corpus documents at line boundaries: the head of a file (how the
+//! evaluation prompts of the embedded default are made, from test-split files) or a window of
+//! whole lines ending anywhere inside it (more varied drafter training prompts, from
+//! train-split files). Selection is a seeded shuffle, so a seed gives the same prompts on any
+//! machine with the same corpus.
+
+use crate::rng::SplitMix64;
+
+/// Where in a document a prompt is cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// The document's first lines.
+    Head,
+    /// Whole lines ending at a random line boundary inside the document.
+    Inside,
+}
+
+/// One prompt and the document it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prompt {
+    pub source: String,
+    pub text: String,
+}
+
+/// The longest run of whole lines of `text[..end]` that fits in `max_bytes` and ends at `end`
+/// (a line boundary); `None` when not even the last line fits or fewer than `min_bytes` remain.
+fn lines_before(text: &str, end: usize, min_bytes: usize, max_bytes: usize) -> Option<&str> {
+    let from = end.saturating_sub(max_bytes);
+    // Start just after a newline (or at the document's start), so the prompt begins a line.
+    let start = if from == 0 {
+        0
+    } else {
+        text[..end].char_indices().skip_while(|&(i, _)| i < from - 1).find(|&(_, c)| c == '\n')?.0 + 1
+    };
+    let s = &text[start..end];
+    (s.trim().len() >= min_bytes).then_some(s)
+}
+
+/// The line boundaries of `text` (byte offsets just after each `\n`).
+fn boundaries(text: &str) -> Vec<usize> {
+    text.match_indices('\n').map(|(i, _)| i + 1).collect()
+}
+
+/// Up to `count` prompts from `docs` (`(name, text)` pairs), at most one per document, of
+/// `min_bytes..=max_bytes` bytes of whole lines, chosen by a shuffle seeded with `seed`.
+/// Documents too short for a prompt are passed over, so fewer than `count` may come back.
+pub fn cut_prompts(
+    docs: &[(String, String)],
+    cut: Cut,
+    count: usize,
+    min_bytes: usize,
+    max_bytes: usize,
+    seed: u64,
+) -> Vec<Prompt> {
+    let mut rng = SplitMix64::new(seed);
+    let mut order: Vec<usize> = (0..docs.len()).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let mut out = Vec::with_capacity(count.min(docs.len()));
+    for i in order {
+        if out.len() == count {
+            break;
+        }
+        let (name, text) = (&docs[i].0, &docs[i].1);
+        let b = boundaries(text);
+        let end = match cut {
+            // The last line boundary within max_bytes of the start.
+            Cut::Head => b.iter().copied().take_while(|&e| e <= max_bytes).last(),
+            // A boundary past the first max_bytes, so the window is not the head again.
+            Cut::Inside => {
+                let inner: Vec<usize> = b.iter().copied().filter(|&e| e > max_bytes).collect();
+                (!inner.is_empty()).then(|| inner[rng.below(inner.len() as u64) as usize])
+            }
+        };
+        if let Some(s) = end.and_then(|e| lines_before(text, e, min_bytes, max_bytes)) {
+            out.push(Prompt { source: name.clone(), text: s.to_string() });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(name: &str, lines: usize) -> (String, String) {
+        (name.into(), (0..lines).map(|i| format!("line {i} of {name}\n")).collect())
+    }
+
+    #[test]
+    fn heads_are_whole_first_lines_within_the_budget() {
+        let docs = vec![doc("a.py", 50), doc("b.py", 3), ("c.py".into(), "no newline at all".into())];
+        let p = cut_prompts(&docs, Cut::Head, 10, 10, 64, 1);
+        // c.py has no line boundary; b.py's 3 lines fit whole.
+        assert_eq!(p.len(), 2, "{p:?}");
+        for pr in &p {
+            let text = &docs.iter().find(|d| d.0 == pr.source).unwrap().1;
+            assert!(text.starts_with(&pr.text) && pr.text.ends_with('\n') && pr.text.len() <= 64, "{pr:?}");
+        }
+        let a = p.iter().find(|x| x.source == "a.py").unwrap();
+        // Adding the next line would exceed 64 bytes.
+        assert!(a.text.len() + "line 9 of a.py\n".len() > 64, "{a:?}");
+    }
+
+    #[test]
+    fn inside_cuts_are_whole_lines_past_the_head() {
+        let docs: Vec<_> = (0..20).map(|i| doc(&format!("m{i}.py"), 40)).collect();
+        let p = cut_prompts(&docs, Cut::Inside, 8, 20, 80, 7);
+        assert_eq!(p.len(), 8);
+        for pr in &p {
+            let text = &docs.iter().find(|d| d.0 == pr.source).unwrap().1;
+            let at = text.find(&pr.text).expect("a substring");
+            assert!(at > 0 && (at == 0 || text.as_bytes()[at - 1] == b'\n'), "starts a line: {pr:?}");
+            assert!(pr.text.ends_with('\n') && pr.text.len() <= 80 && pr.text.len() >= 20, "{pr:?}");
+        }
+        let sources: std::collections::HashSet<_> = p.iter().map(|x| &x.source).collect();
+        assert_eq!(sources.len(), 8, "one prompt per document");
+    }
+
+    #[test]
+    fn the_seed_decides_the_selection() {
+        let docs: Vec<_> = (0..30).map(|i| doc(&format!("m{i}.py"), 40)).collect();
+        let a = cut_prompts(&docs, Cut::Inside, 5, 10, 100, 3);
+        assert_eq!(a, cut_prompts(&docs, Cut::Inside, 5, 10, 100, 3));
+        assert_ne!(a, cut_prompts(&docs, Cut::Inside, 5, 10, 100, 4));
+    }
+
+    #[test]
+    fn non_ascii_text_is_cut_on_character_boundaries() {
+        let text: String = (0..30).map(|i| format!("é{i} ünïcödé ✓\n")).collect();
+        let docs = vec![("u.py".to_string(), text)];
+        for seed in 0..20 {
+            for cut in [Cut::Head, Cut::Inside] {
+                for p in cut_prompts(&docs, cut, 1, 5, 37, seed) {
+                    assert!(p.text.starts_with('é') && p.text.ends_with('\n'), "{p:?}");
+                }
+            }
+        }
+    }
+}
