@@ -11,6 +11,9 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -64,8 +67,8 @@ __attribute__((target("avx2,fma"))) inline float finish(__m256 acc, const float*
   return reduce8(acc) + t;
 }
 
-// Four weight rows against two input rows at a time (8 accumulators, 6 loads per 8 FMAs),
-// then a last single input row.
+// Four weight rows against three input rows at a time (12 accumulators, 7 loads per 12 FMAs),
+// then two, then one. Every output element gets the same FMA sequence in every tile shape.
 __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float* w, float* y, int M, int K, int N,
                                                    int n0, int n1) {
   const int k8 = K & ~7;
@@ -76,6 +79,50 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
     const float* w2 = w1 + K;
     const float* w3 = w2 + K;
     int m = 0;
+    // Three input rows at a time: 12 accumulators, each weight vector loaded once for 3 FMAs.
+    for (; m + 3 <= M; m += 3) {
+      const float* xa = x + static_cast<size_t>(m) * K;
+      const float* xb = xa + K;
+      const float* xc = xb + K;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+             a3 = _mm256_setzero_ps(), b0 = _mm256_setzero_ps(), b1 = _mm256_setzero_ps(),
+             b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps(), c0 = _mm256_setzero_ps(),
+             c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
+      for (int k = 0; k < k8; k += 8) {
+        __m256 xv = _mm256_loadu_ps(xa + k), xu = _mm256_loadu_ps(xb + k), xt = _mm256_loadu_ps(xc + k);
+        __m256 v = _mm256_loadu_ps(w0 + k);
+        a0 = _mm256_fmadd_ps(xv, v, a0);
+        b0 = _mm256_fmadd_ps(xu, v, b0);
+        c0 = _mm256_fmadd_ps(xt, v, c0);
+        v = _mm256_loadu_ps(w1 + k);
+        a1 = _mm256_fmadd_ps(xv, v, a1);
+        b1 = _mm256_fmadd_ps(xu, v, b1);
+        c1 = _mm256_fmadd_ps(xt, v, c1);
+        v = _mm256_loadu_ps(w2 + k);
+        a2 = _mm256_fmadd_ps(xv, v, a2);
+        b2 = _mm256_fmadd_ps(xu, v, b2);
+        c2 = _mm256_fmadd_ps(xt, v, c2);
+        v = _mm256_loadu_ps(w3 + k);
+        a3 = _mm256_fmadd_ps(xv, v, a3);
+        b3 = _mm256_fmadd_ps(xu, v, b3);
+        c3 = _mm256_fmadd_ps(xt, v, c3);
+      }
+      float* ya = y + static_cast<size_t>(m) * N + n;
+      float* yb = ya + N;
+      float* yc = yb + N;
+      ya[0] = finish(a0, xa, w0, k8, K);
+      ya[1] = finish(a1, xa, w1, k8, K);
+      ya[2] = finish(a2, xa, w2, k8, K);
+      ya[3] = finish(a3, xa, w3, k8, K);
+      yb[0] = finish(b0, xb, w0, k8, K);
+      yb[1] = finish(b1, xb, w1, k8, K);
+      yb[2] = finish(b2, xb, w2, k8, K);
+      yb[3] = finish(b3, xb, w3, k8, K);
+      yc[0] = finish(c0, xc, w0, k8, K);
+      yc[1] = finish(c1, xc, w1, k8, K);
+      yc[2] = finish(c2, xc, w2, k8, K);
+      yc[3] = finish(c3, xc, w3, k8, K);
+    }
     for (; m + 2 <= M; m += 2) {
       const float* xa = x + static_cast<size_t>(m) * K;
       const float* xb = xa + K;
@@ -142,6 +189,59 @@ bool has_avx2_fma() {
 }
 #endif
 
+// One persistent helper thread takes the upper half of the output columns of large products
+// (spawning a thread per call costs more than a decode step's products). Splitting columns
+// never changes a column's arithmetic. If the helper is busy (another stream), the caller does
+// all the work itself.
+class Helper {
+ public:
+  static Helper& get() {
+    static Helper* h = new Helper();  // never destroyed: the thread lives as long as the process
+    return *h;
+  }
+  // Runs `job` on the helper while the caller runs `mine`; false if the helper was busy.
+  template <class F, class G>
+  bool split(F&& job, G&& mine) {
+    std::unique_lock<std::mutex> busy(use_, std::try_to_lock);
+    if (!busy.owns_lock()) return false;
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      job_ = std::function<void()>(std::forward<F>(job));
+      done_ = false;
+    }
+    cv_.notify_one();
+    mine();
+    std::unique_lock<std::mutex> lk(m_);
+    done_cv_.wait(lk, [this] { return done_; });
+    return true;
+  }
+
+ private:
+  Helper() : thread_([this] { loop(); }) { thread_.detach(); }
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [this] { return static_cast<bool>(job_); });
+        job = std::move(job_);
+        job_ = nullptr;
+      }
+      job();
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        done_ = true;
+      }
+      done_cv_.notify_one();
+    }
+  }
+  std::mutex use_, m_;
+  std::condition_variable cv_, done_cv_;
+  std::function<void()> job_;
+  bool done_ = true;
+  std::thread thread_;
+};
+
 void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, int N) {
   auto block = [&](int n0, int n1) {
 #ifdef MLXR_X86
@@ -149,19 +249,12 @@ void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, i
 #endif
     block_generic(x, w, y, M, K, N, n0, n1);
   };
-  // Split the output columns across threads in multiples of 4 (the split never changes a
-  // column's arithmetic). Small products stay on one thread: spawning costs more than it saves.
+  // Small products stay on one thread: handing work over costs more than it saves.
   const size_t work = static_cast<size_t>(N) * K * std::max(M, 1);
-  int threads = static_cast<int>(std::min<unsigned>(std::max(1u, std::thread::hardware_concurrency()), 8u));
-  if (work < (size_t(1) << 20)) threads = 1;
-  const int per = ((N + threads - 1) / threads + 3) & ~3;
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) {
-    int n0 = std::min(N, t * per), n1 = std::min(N, (t + 1) * per);
-    if (n0 < n1) pool.emplace_back(block, n0, n1);
-  }
-  block(0, std::min(N, per));
-  for (auto& th : pool) th.join();
+  static const bool two = std::thread::hardware_concurrency() >= 2;
+  if (!two || work < (size_t(1) << 19) || N < 16) return block(0, N);
+  const int mid = ((N / 2) + 3) & ~3;
+  if (!Helper::get().split([&] { block(mid, N); }, [&] { block(0, mid); })) block(0, N);
 }
 
 class RowLinear : public mx::UnaryPrimitive {
