@@ -33,6 +33,7 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=src/sys/shim.h");
     println!("cargo:rerun-if-changed=src/sys/shim.cc");
     println!("cargo:rerun-if-changed=src/sys/row_linear.cc");
+    println!("cargo:rerun-if-changed=src/sys/row_attention.cc");
     println!("cargo:rerun-if-changed=src/sys/mod.rs");
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
@@ -57,7 +58,8 @@ fn run() -> Result<(), String> {
     build
         .file("src/sys/shim.cc")
         .file("src/sys/row_linear.cc")
-        // The row-invariant kernel is hot code: optimise it even in dev builds.
+        .file("src/sys/row_attention.cc")
+        // The row-invariant kernels are hot code: optimise it even in dev builds.
         .opt_level(3)
         .include(&include)
         .std("c++20")

@@ -136,8 +136,16 @@ impl Attention {
         };
         let q = self.rope.apply(&q, offset)?;
         let o = match (&kv, attend) {
+            // A one-token step goes through the row kernel when stepwise rows do, so the two agree.
+            (Fetched::Batched(k, v), Attend::Batched(AttnMask::None)) if l == 1 && row_kernel(&q)? => {
+                mlx_core::blas::row_attention(&q, &[(k.clone(), v.clone())], 1.0)?
+            }
             (Fetched::Batched(k, v), Attend::Batched(mask)) => {
                 fast::scaled_dot_product_attention(&q, k, v, 1.0, mask.as_fast())?
+            }
+            (Fetched::Stepwise(rows), Attend::Stepwise) if row_kernel(&q)? => {
+                // Every row over its own keys in one node (mlx-core's row-invariant kernel).
+                mlx_core::blas::row_attention(&q, rows, 1.0)?
             }
             (Fetched::Stepwise(rows), Attend::Stepwise) => {
                 // One unmasked single-query call per row, as a decode step makes it.
@@ -161,4 +169,13 @@ impl Attention {
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?; // [B, L, Hq·D]
         Ok((self.o_proj.forward(&o)?, SharedKv { kv, offset }))
     }
+}
+
+/// Whether single-query rows use mlx-core's row-invariant attention kernel: f32 on the CPU,
+/// where the row-invariant linear kernel is on too (`MLX_CORE_ROW_LINEAR=0` turns both off,
+/// which reproduces mlx-lm's kernels).
+fn row_kernel(q: &Array) -> Result<bool> {
+    Ok(q.dtype() == mlx_core::Dtype::F32
+        && mlx_core::blas::row_linear_enabled()
+        && mlx_core::Device::default_device()? == mlx_core::Device::Cpu)
 }

@@ -116,6 +116,19 @@ pub fn row_linear(x: &Array, w: &Array) -> Result<Array> {
     Array::wrap("row_linear", crate::sys::ffi::row_linear(x.raw(), w.raw()))
 }
 
+/// Single-query attention for each row of `q` `[B, Hq, n, D]` (f32, CPU) over that row's own
+/// keys and values `rows[i]` = (`[B, Hkv, L_i, D]`, same), Hkv dividing Hq (grouped queries):
+/// softmax(q·kᵀ·scale)·v per row and head, in one graph node for all rows. Each row's bits
+/// depend only on its own query, keys and values — not on n or the row's place — so a decode
+/// step (n = 1) and the same position inside a stepwise verify window agree bit for bit.
+/// Returns `[B, Hq, n, D]`. Enabled with [`row_linear`] (see [`row_linear_enabled`]).
+#[track_caller]
+pub fn row_attention(q: &Array, rows: &[(Array, Array)], scale: f32) -> Result<Array> {
+    let items = std::iter::once(q).chain(rows.iter().flat_map(|(k, v)| [k, v]));
+    let l = crate::array::List::new(items)?;
+    Array::wrap("row_attention", crate::sys::ffi::row_attention(l.raw(), scale))
+}
+
 /// Zero rows appended to `x` // `[R, K]` -> `[ceil(R / quantum) · quantum, K]`
 pub fn pad_rows(x: &Array, quantum: usize) -> Result<Array> {
     let shape = x.shape()?;

@@ -442,3 +442,40 @@ fn row_linear_rows_are_batch_invariant_and_correct() {
     assert_eq!(f32s(&mlx_core::blas::row_linear(&x, &w.transpose(&[1, 0]).unwrap()).unwrap()), vec![4.0, 6.0]);
     assert!(mlx_core::blas::row_linear(&x, &Array::zeros(&[2, 3], Dtype::F32).unwrap()).is_err());
 }
+
+/// Row attention: each row is MLX's attention over its own keys up to rounding, and its bits
+/// do not depend on which other rows share the call (grouped queries, rows of other lengths).
+#[test]
+fn row_attention_rows_are_batch_invariant_and_correct() {
+    let key = random::key(3).unwrap();
+    let (b, hq, d) = (1, 4, 24);
+    for hkv in [1, 2, 4] {
+        let q = random::normal(&[b, hq, 5, d], Dtype::F32, 0.0, 1.0, &key).unwrap(); // [B, Hq, n, D]
+        let kv = |l: i32, seed: u64| {
+            let k = random::normal(&[b, hkv, l, d], Dtype::F32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap();
+            let v = random::normal(&[b, hkv, l, d], Dtype::F32, 0.0, 1.0, &random::key(seed + 100).unwrap()).unwrap();
+            (k, v)
+        };
+        let rows: Vec<(Array, Array)> =
+            [(9, 11), (10, 12), (1, 13), (33, 14), (17, 15)].iter().map(|&(l, s)| kv(l, s)).collect();
+        let all = mlx_core::blas::row_attention(&q, &rows, 0.5).unwrap();
+        assert_eq!(all.shape().unwrap(), vec![b, hq, 5, d]);
+        for (i, (k, v)) in rows.iter().enumerate() {
+            let qi = q.slice_axis(2, i as i32, i as i32 + 1).unwrap();
+            let want = fast::scaled_dot_product_attention(&qi, k, v, 0.5, Mask::None).unwrap();
+            let got = all.slice_axis(2, i as i32, i as i32 + 1).unwrap();
+            let max = f32s(&got).iter().zip(f32s(&want)).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(max < 1e-5, "hkv {hkv} row {i}: differs from sdpa by {max}");
+            let alone = mlx_core::blas::row_attention(&qi, &rows[i..i + 1], 0.5).unwrap();
+            assert_eq!(alone.to_bytes().unwrap(), got.contiguous().unwrap().to_bytes().unwrap(), "hkv {hkv} row {i}");
+        }
+    }
+    // Inputs that do not fit are refused, not read out of bounds.
+    let q = Array::zeros(&[1, 4, 2, 8], Dtype::F32).unwrap();
+    let k = Array::zeros(&[1, 1, 3, 8], Dtype::F32).unwrap();
+    assert!(mlx_core::blas::row_attention(&q, &[(k.clone(), k.clone())], 1.0).is_err(), "2 rows, 1 pair");
+    let k3 = Array::zeros(&[1, 3, 3, 8], Dtype::F32).unwrap();
+    assert!(mlx_core::blas::row_attention(&q, &[(k3.clone(), k3.clone()), (k3.clone(), k3)], 1.0).is_err(), "3 ∤ 4");
+    let short = Array::zeros(&[1, 1, 2, 8], Dtype::F32).unwrap();
+    assert!(mlx_core::blas::row_attention(&q, &[(k.clone(), short), (k.clone(), k)], 1.0).is_err(), "k/v lengths");
+}

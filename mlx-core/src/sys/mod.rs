@@ -155,6 +155,8 @@ pub(crate) mod ffi {
 
         // ---- row-invariant few-row f32 linear (row_linear.cc) ----
         fn row_linear(x: &Array, w: &Array) -> Result<UniquePtr<Array>>;
+        // ---- row-invariant single-query attention (row_attention.cc) ----
+        fn row_attention(inputs: &ArrayList, scale: f32) -> Result<UniquePtr<Array>>;
     }
 
     extern "Rust" {

@@ -89,6 +89,9 @@ ArrayPtr cumsum(const Array& a, int32_t axis, bool reverse, bool inclusive);
 ArrayPtr matmul(const Array& a, const Array& b);
 // x [M, K] @ w [N, K]ᵀ in f32 with every row's bits independent of M (row_linear.cc).
 ArrayPtr row_linear(const Array& x, const Array& w);
+// Single-query attention of each row of q [B, Hq, n, D] over its own k_i, v_i [B, Hkv, L_i, D]
+// (inputs: q, k_0, v_0, k_1, v_1, …), with every row's bits independent of n (row_attention.cc).
+ArrayPtr row_attention(const ArrayList& inputs, float scale);
 
 // ---- fast ----
 // `weight` holds zero or one array: MLX's optional weight.
