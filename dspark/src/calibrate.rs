@@ -103,7 +103,9 @@ pub fn run(a: Args) -> Result<()> {
         Some(d) => d.clone(),
         None => crate::default_model::ensure(false)?,
     };
-    let model = Model::load(&model_dir).with_context(|| format!("loading {}", model_dir.display()))?;
+    let model = Model::load_as(&model_dir, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
+        .map(|m| m.0)
+        .with_context(|| format!("loading {}", model_dir.display()))?;
     // Text prompts need the tokenizer; otherwise it is read (if the checkpoint has one) only for
     // the end-of-sequence fallback when the config names no eos ids.
     let needs_tokenizer = a.prompt_file.is_some()
@@ -120,11 +122,8 @@ pub fn run(a: Args) -> Result<()> {
         }
         _ => synthetic_prompts(model.config().vocab_size, a.prompts, SYNTHETIC_PROMPT_LEN)?,
     };
-    let ddir = if a.drafter == "default" {
-        crate::default_model::ensure_drafter(&model_dir, false)?
-    } else {
-        PathBuf::from(&a.drafter)
-    };
+    let ddir =
+        if a.drafter == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(&a.drafter) };
     let mut drafter = DSparkDrafter::load(&ddir, model.config())
         .with_context(|| format!("loading the DSpark drafter in {}", ddir.display()))?;
     if drafter.config().sts.is_some() && !a.force {

@@ -1,41 +1,71 @@
-//! The embedded default: a small random-weight Gemma-4 checkpoint (tiny config A: PLE, KV
-//! sharing, sliding + full layers, partial RoPE) with a word-level tokenizer, generated on first
-//! use and cached, so `dspark generate` works on a fresh machine with no downloads.
+//! The embedded default: a small Gemma-4 trained by this project on the Python standard
+//! library's source, with its byte-level BPE tokenizer and its trained DSpark drafter
+//! (`cargo xtask train-default` rebuilds all three; `dspark/default/recipe.json` records how).
+//! The files are compiled into the binary and written to a cache directory on first use, so
+//! `dspark generate` works on a fresh machine with no downloads.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use gemma4::checkpoint::write_random_checkpoint;
-use gemma4::config::tiny_config_a;
-use mlx_core::Dtype;
+use gemma4::checkpoint::StagedDir;
 
-/// Fixed so every machine gets the same default model.
-const SEED: u64 = 20261202;
 /// Bumped when the default's contents change, so stale caches are rebuilt.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
-/// The default drafter: a DSpark checkpoint whose Markov head is fitted (by counting) to the
-/// default model's own greedy continuations, written next to the model on first use.
-pub fn ensure_drafter(model_dir: &std::path::Path, force: bool) -> Result<PathBuf> {
-    let dir = home().join(format!("default-drafter-v{VERSION}"));
-    if !force && dir.join("dspark.json").is_file() {
-        return Ok(dir);
-    }
-    eprintln!("dspark: fitting the embedded default drafter to the default model (once) -> {}", dir.display());
-    let model = gemma4::Model::load(model_dir)?;
-    let prompts = fit_prompts(model.config().vocab_size).with_context(|| model_dir.display().to_string())?;
-    let d = spec_decode::dspark::fit_bigram_drafter(&model, "dspark-default", &prompts, 96, 4)?;
-    Ok(d.save(&dir, true)?)
+/// One embedded file: its name and bytes.
+type Embedded = (&'static str, &'static [u8]);
+
+/// The target checkpoint (bf16 weights, tokenizer, PSF notice, training report).
+const MODEL: [Embedded; 6] = [
+    ("config.json", include_bytes!("../default/model/config.json")),
+    ("model.safetensors", include_bytes!("../default/model/model.safetensors")),
+    ("tokenizer.json", include_bytes!("../default/model/tokenizer.json")),
+    ("tokenizer_config.json", include_bytes!("../default/model/tokenizer_config.json")),
+    ("LICENSE-PSF.txt", include_bytes!("../default/model/LICENSE-PSF.txt")),
+    ("train_report.json", include_bytes!("../default/model/train_report.json")),
+];
+
+/// The DSpark drafter trained for it.
+const DRAFTER: [Embedded; 2] = [
+    ("dspark.json", include_bytes!("../default/drafter/dspark.json")),
+    ("model.safetensors", include_bytes!("../default/drafter/model.safetensors")),
+];
+
+/// Bytes of the embedded default (target and drafter).
+pub fn embedded_bytes() -> (usize, usize) {
+    let sum = |files: &[Embedded]| files.iter().map(|f| f.1.len()).sum();
+    (sum(&MODEL), sum(&DRAFTER))
 }
 
-/// The prompts the default drafter is fitted on: 32 of 6 tokens over the ordinary ids of a
-/// vocabulary of `vocab` tokens (the first four are special).
-pub fn fit_prompts(vocab: usize) -> Result<Vec<Vec<u32>>> {
-    let span = u32::try_from(vocab).ok().and_then(|v| v.checked_sub(4)).filter(|&s| s > 0).with_context(|| {
-        format!("a vocabulary of {vocab} tokens is too small to fit a drafter to (it needs more than 4)")
-    })?;
-    Ok((0..32u32).map(|i| (0..6).map(|j| 4 + (i * 31 + j * 17) % span).collect()).collect())
+/// Whether `dir` holds exactly the embedded files (compared by length: a cache written by
+/// another version of the default differs in its weights' size or is under another name).
+fn is_current(dir: &Path, files: &[Embedded]) -> bool {
+    files.iter().all(|(name, bytes)| std::fs::metadata(dir.join(name)).is_ok_and(|m| m.len() == bytes.len() as u64))
+}
+
+/// Writes `files` into `dir` (whole, through a staging directory) unless they are there.
+fn materialize(dir: PathBuf, files: &[Embedded], what: &str, force: bool) -> Result<PathBuf> {
+    if !force && is_current(&dir, files) {
+        return Ok(dir);
+    }
+    eprintln!("dspark: writing the embedded default {what} to {} (once)", dir.display());
+    let staged = StagedDir::new(&dir, true).with_context(|| format!("preparing {}", dir.display()))?;
+    for (name, bytes) in files {
+        let path = staged.path().join(name);
+        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(staged.commit()?)
+}
+
+/// The default checkpoint's directory, written if missing (or if `force`).
+pub fn ensure(force: bool) -> Result<PathBuf> {
+    materialize(home().join(format!("default-model-v{VERSION}")), &MODEL, "model", force)
+}
+
+/// The default drafter's directory, written if missing (or if `force`).
+pub fn ensure_drafter(force: bool) -> Result<PathBuf> {
+    materialize(home().join(format!("default-drafter-v{VERSION}")), &DRAFTER, "drafter", force)
 }
 
 /// Where the default lives: `$DSPARK_HOME`, else `$XDG_CACHE_HOME/dspark`, else `~/.cache/dspark`
@@ -55,36 +85,12 @@ pub fn home_from(var: &dyn Fn(&str) -> Option<OsString>) -> PathBuf {
     cache.join("dspark")
 }
 
-/// The default checkpoint's directory, written if missing (or if `force`).
-pub fn ensure(force: bool) -> Result<PathBuf> {
-    let dir = home().join(format!("default-model-v{VERSION}"));
-    if !force && dir.join("config.json").is_file() && dir.join("tokenizer.json").is_file() {
-        return Ok(dir);
-    }
-    eprintln!("dspark: writing the embedded default checkpoint to {} (once)", dir.display());
-    write_random_checkpoint(&dir, &tiny_config_a(), SEED, Dtype::Bf16, 1, true)
-        .with_context(|| format!("writing the default checkpoint to {}", dir.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
         move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| OsString::from(v))
-    }
-
-    #[test]
-    fn fit_prompts_need_a_vocabulary_above_the_special_ids() {
-        for vocab in [0, 3, 4] {
-            let e = fit_prompts(vocab).unwrap_err().to_string();
-            assert!(e.contains(&format!("vocabulary of {vocab} tokens")), "{e}");
-        }
-        let p = fit_prompts(5).unwrap();
-        assert!(p.iter().flatten().all(|&t| t == 4), "{p:?}");
-        let p = fit_prompts(262_144).unwrap();
-        assert_eq!((p.len(), p[0].len()), (32, 6));
-        assert!(p.iter().flatten().all(|&t| (4..262_144).contains(&t)));
     }
 
     #[test]
@@ -103,5 +109,33 @@ mod tests {
         assert_eq!(home_from(&env(&vars)), PathBuf::from("/h/.cache/dspark"));
         let vars = [("DSPARK_HOME", ""), ("HOME", "")];
         assert_eq!(home_from(&env(&vars)), std::env::temp_dir().join("dspark"));
+    }
+
+    #[test]
+    fn the_embedded_files_are_written_once_and_rewritten_when_damaged() {
+        let dir = std::env::temp_dir().join(format!("dspark-default-{}", std::process::id()));
+        let files: [Embedded; 2] = [("a.json", b"{}"), ("w.bin", b"0123456789")];
+        let d = materialize(dir.clone(), &files, "test", false).unwrap();
+        assert_eq!(std::fs::read(d.join("w.bin")).unwrap(), b"0123456789");
+        assert!(is_current(&d, &files));
+        // A truncated file (a killed copy, an older default) is noticed and rewritten.
+        std::fs::write(d.join("w.bin"), b"01").unwrap();
+        assert!(!is_current(&d, &files));
+        materialize(dir.clone(), &files, "test", false).unwrap();
+        assert_eq!(std::fs::read(d.join("w.bin")).unwrap(), b"0123456789");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_embedded_default_is_a_loadable_pair() {
+        let dir = std::env::temp_dir().join(format!("dspark-default-pair-{}", std::process::id()));
+        let m = materialize(dir.join("model"), &MODEL, "model", false).unwrap();
+        let d = materialize(dir.join("drafter"), &DRAFTER, "drafter", false).unwrap();
+        let model = gemma4::Model::load(&m).unwrap();
+        let drafter = spec_decode::load_drafter(&d, model.config()).unwrap();
+        assert!(drafter.gamma() >= 1);
+        let tok = gemma4::tokenizer::Tokenizer::from_dir(&m).unwrap();
+        assert!(tok.encode("def fibonacci(n):", true).unwrap().len() > 2);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

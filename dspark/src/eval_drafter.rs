@@ -46,7 +46,9 @@ pub fn run(a: Args) -> Result<()> {
     if texts.is_empty() {
         bail!("{}: no prompts in this file", a.prompts.display());
     }
-    let model = Model::load(&a.model).with_context(|| format!("loading the target {}", a.model.display()))?;
+    let model = Model::load_as(&a.model, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
+        .map(|m| m.0)
+        .with_context(|| format!("loading the target {}", a.model.display()))?;
     let mut drafter = DSparkDrafter::load(&a.drafter, model.config())
         .with_context(|| format!("loading the drafter {}", a.drafter.display()))?;
     let tok = if a.model.join("tokenizer.json").is_file() { Some(Tokenizer::from_dir(&a.model)?) } else { None };

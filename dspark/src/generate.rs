@@ -19,10 +19,10 @@ use serve::{Request, Session};
 #[derive(clap::Args)]
 pub struct Args {
     /// Checkpoint directory (config.json, model*.safetensors, tokenizer.json). Default: the
-    /// embedded tiny model.
+    /// embedded default (a small Gemma-4 trained on the Python standard library).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Prompt text (encoded with the checkpoint's tokenizer.json).
+    /// Prompt text (encoded with the checkpoint's tokenizer.json). Default: "def fibonacci(n):".
     #[arg(long, conflicts_with = "tokens")]
     prompt: Option<String>,
     /// Prompt as raw token ids, comma- or space-separated; output is printed as ids.
@@ -59,18 +59,19 @@ pub struct Args {
     dtype: ComputeDtype,
     /// Speculative decoding with this drafter: a DSpark (dspark.json) or DeepSpec
     /// (Gemma4DSparkModel) checkpoint directory, `default` for the embedded default drafter, or
-    /// `self` (the target drafting for itself; a test drafter). Absent: plain decoding.
+    /// `self` (the target drafting for itself; a test drafter), or `none` for plain decoding.
+    /// Absent: the default drafter with the default model, plain decoding with --model.
     #[arg(long)]
     drafter: Option<String>,
-    /// Drafts per round (default: the drafter's block size). Needs --drafter.
-    #[arg(long, requires = "drafter", allow_negative_numbers = true)]
+    /// Drafts per round (default: the drafter's block size). Needs a drafter.
+    #[arg(long, allow_negative_numbers = true)]
     gamma: Option<usize>,
-    /// Prune each draft block at the first position whose confidence is below this. Needs
-    /// --drafter.
-    #[arg(long, conflicts_with = "calibrated", requires = "drafter", allow_negative_numbers = true)]
+    /// Prune each draft block at the first position whose confidence is below this. Needs a
+    /// drafter.
+    #[arg(long, conflicts_with = "calibrated", allow_negative_numbers = true)]
     min_conf: Option<f32>,
-    /// Prune with the drafter checkpoint's calibrated per-position thresholds. Needs --drafter.
-    #[arg(long, requires = "drafter")]
+    /// Prune with the drafter checkpoint's calibrated per-position thresholds. Needs a drafter.
+    #[arg(long)]
     calibrated: bool,
     /// Render --prompt as a one-message user conversation, as `dspark serve`'s
     /// /v1/chat/completions does (the tokenizer's chat template, if it has one).
@@ -79,8 +80,8 @@ pub struct Args {
     /// Stop before the first occurrence of this text in the output (repeatable).
     #[arg(long)]
     stop: Vec<String>,
-    /// Also run plain decoding on the same prompt and report both speeds.
-    #[arg(long, requires = "drafter")]
+    /// Also run plain decoding on the same prompt and report both speeds. Needs a drafter.
+    #[arg(long)]
     compare: bool,
 }
 
@@ -108,7 +109,21 @@ pub fn run(a: Args) -> Result<()> {
     if a.chat && a.prompt.is_none() {
         bail!("--chat renders a text --prompt as a chat message; give --prompt");
     }
-    let dir = crate::paths::select_target(a.model.as_deref(), a.drafter.as_deref(), a.device)?;
+    // The default model comes with its drafter; `--drafter none` decodes plainly.
+    let drafter_arg = crate::paths::drafter_choice(a.model.as_deref(), a.drafter.as_deref());
+    if drafter_arg.is_none() {
+        for (set, flag) in [
+            (a.gamma.is_some(), "--gamma"),
+            (a.min_conf.is_some(), "--min-conf"),
+            (a.calibrated, "--calibrated"),
+            (a.compare, "--compare"),
+        ] {
+            if set {
+                bail!("{flag} needs a drafter (--drafter DIR, or the default model's own drafter)");
+            }
+        }
+    }
+    let dir = crate::paths::select_target(a.model.as_deref(), drafter_arg, a.device)?;
     let (model, resolved) =
         Model::load_as(&dir, a.dtype, a.device).with_context(|| format!("loading the model in {}", dir.display()))?;
     eprintln!("dspark: loaded {} computing in {}", dir.display(), resolved.describe());
@@ -125,7 +140,7 @@ pub fn run(a: Args) -> Result<()> {
         }
         (None, Some(p), Some(tok)) => text_ids(tok, p)?,
         (None, None, Some(tok)) => {
-            let default = "t5 t6 t7 t8";
+            let default = "def fibonacci(n):";
             eprintln!("dspark: no --prompt given, using {default:?}");
             tok.encode(default, true)?
         }
@@ -141,14 +156,13 @@ pub fn run(a: Args) -> Result<()> {
         prefill_step: 2048,
         stop_tokens: if a.ignore_eos { vec![] } else { stop_tokens(model.config(), tokenizer.as_ref()) },
     };
-    let drafter = match a.drafter.as_deref() {
+    let drafter = match drafter_arg {
         None => None,
         Some("self") => {
             Some(Box::new(spec_decode::oracle::SelfDrafter::new(a.gamma.unwrap_or(4))) as Box<dyn spec_decode::Drafter>)
         }
         Some(d) => {
-            let ddir =
-                if d == "default" { crate::default_model::ensure_drafter(&dir, false)? } else { PathBuf::from(d) };
+            let ddir = if d == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(d) };
             eprintln!("dspark: loading drafter {}", ddir.display());
             Some(
                 spec_decode::loader::load_drafter(&ddir, model.config())
@@ -170,6 +184,10 @@ pub fn run(a: Args) -> Result<()> {
     let req = Request { prompt: prompt.clone(), generate: cfg.clone(), stop: a.stop.clone(), gamma: a.gamma, pruning };
     // The server's decoding path: the same session type, run to the end here.
     let mut drafter = drafter;
+    if a.compare {
+        // Warm up (first-call allocations and kernel set-up) so neither timed run pays for it.
+        generate(&model, &prompt, &GenerateConfig { max_tokens: 2, ..cfg.clone() }, |_| {})?;
+    }
     let session = Session::start(&model, drafter.as_deref_mut(), &req, text_out, None)?;
     let mut out = std::io::stdout().lock();
     let mut printed = 0usize;

@@ -61,7 +61,7 @@ fn main() -> Result<()> {
         Cmd::Serve(args) => serve::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;
-            let drafter = default_model::ensure_drafter(&dir, force)?;
+            let drafter = default_model::ensure_drafter(force)?;
             println!("{}", dir.display());
             println!("{}", drafter.display());
             Ok(())

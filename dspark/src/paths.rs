@@ -82,6 +82,17 @@ pub fn refuse_drafter_as_model(dir: &Path, flag: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The drafter `generate` and `serve` use: the default model comes with its own drafter
+/// (`default`), any other model decodes plainly unless `--drafter` is given, and `none` always
+/// decodes plainly.
+pub fn drafter_choice<'a>(model: Option<&Path>, drafter: Option<&'a str>) -> Option<&'a str> {
+    match (model, drafter) {
+        (_, Some("none")) => None,
+        (None, None) => Some("default"),
+        (_, d) => d,
+    }
+}
+
 /// The checks `generate` and `serve` share before loading: the device exists, `--model` is
 /// not a drafter, `--drafter default` goes with the default model only; then selects the
 /// device and returns the model directory (the embedded default when `model` is None).
@@ -158,5 +169,16 @@ mod tests {
         std::os::unix::fs::symlink(s.0.join("model"), s.0.join("alias")).unwrap();
         let e = check_out_dir(&s.0.join("model"), &s.0.join("alias")).unwrap_err();
         assert!(matches!(e, OutDirError::IsSource { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_default_model_brings_its_drafter_and_none_turns_it_off() {
+        let m = Path::new("/some/model");
+        assert_eq!(drafter_choice(None, None), Some("default"));
+        assert_eq!(drafter_choice(None, Some("none")), None);
+        assert_eq!(drafter_choice(Some(m), None), None);
+        assert_eq!(drafter_choice(Some(m), Some("/d")), Some("/d"));
+        assert_eq!(drafter_choice(Some(m), Some("none")), None);
+        assert_eq!(drafter_choice(None, Some("self")), Some("self"));
     }
 }

@@ -16,7 +16,8 @@ pub struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Decode speculatively with this drafter: a DSpark or DeepSpec checkpoint directory, or
-    /// `default` for the embedded default drafter. Absent: plain decoding.
+    /// `default` for the embedded default drafter, or `none` for plain decoding. Absent: the
+    /// default drafter with the default model, plain decoding with --model.
     #[arg(long)]
     drafter: Option<String>,
     /// Address to listen on.
@@ -29,8 +30,8 @@ pub struct Args {
     /// drafter copy.
     #[arg(long, default_value_t = 4)]
     max_concurrency: usize,
-    /// Drafts per round (default: the drafter's block size). Needs --drafter.
-    #[arg(long, requires = "drafter")]
+    /// Drafts per round (default: the drafter's block size). Needs a drafter.
+    #[arg(long)]
     gamma: Option<usize>,
     /// Prompt prefix states kept for reuse (0 turns the prompt cache off).
     #[arg(long, default_value_t = 8)]
@@ -60,10 +61,14 @@ pub fn run(a: Args) -> Result<()> {
     if a.prefill_step == 0 {
         bail!("--prefill-step must be at least 1");
     }
-    let dir = crate::paths::select_target(a.model.as_deref(), a.drafter.as_deref(), a.device)?;
-    let drafter_dir = match a.drafter.as_deref() {
+    let drafter_arg = crate::paths::drafter_choice(a.model.as_deref(), a.drafter.as_deref());
+    if drafter_arg.is_none() && a.gamma.is_some() {
+        bail!("--gamma needs a drafter (--drafter DIR, or the default model's own drafter)");
+    }
+    let dir = crate::paths::select_target(a.model.as_deref(), drafter_arg, a.device)?;
+    let drafter_dir = match drafter_arg {
         None => None,
-        Some("default") => Some(crate::default_model::ensure_drafter(&dir, false)?),
+        Some("default") => Some(crate::default_model::ensure_drafter(false)?),
         Some(d) => Some(PathBuf::from(d)),
     };
     let model_id = match a.model_id {

@@ -104,7 +104,9 @@ pub fn run(a: Args) -> Result<()> {
     if a.resume && !a.out.join("state").exists() {
         bail!("--resume: {} has no saved state to continue", a.out.display());
     }
-    let model = Model::load(&a.model).with_context(|| format!("loading the target {}", a.model.display()))?;
+    let model = Model::load_as(&a.model, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
+        .map(|m| m.0)
+        .with_context(|| format!("loading the target {}", a.model.display()))?;
     let shards = list_shards(&a.data, None).with_context(|| format!("reading the shards in {}", a.data.display()))?;
     let first = shards.first().with_context(|| format!("{} holds no shard_* directories", a.data.display()))?;
     let meta = train::shards::read_meta(first)?;

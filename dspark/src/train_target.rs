@@ -78,6 +78,9 @@ fn byte_bigram_bpb(train: &[&str], val: &[&str]) -> f64 {
     bits / n.max(1) as f64
 }
 
+/// The prompts of the three greedy continuations in the report.
+const SAMPLE_PROMPTS: [&str; 3] = ["def fibonacci(n):", "import os\n\n\ndef ", "class Stack:\n"];
+
 /// The PSF notice shipped next to weights trained on the standard library.
 const PSF_NOTICE: &str = "The weights in this directory were trained by dspark-rs on the source code of the Python\n\
 standard library, Copyright (c) 2001 Python Software Foundation; All Rights Reserved,\n\
@@ -158,6 +161,20 @@ pub fn run(a: Args) -> Result<()> {
         report.seconds / 60.0
     );
 
+    // What the model writes: greedy continuations of three code prompts, from the weights as
+    // shipped (bf16), so the report shows what users will see.
+    let shipped: Vec<mlx_core::Array> =
+        report.params.iter().map(|p| p.astype(mlx_core::Dtype::Bf16)).collect::<std::result::Result<_, _>>()?;
+    let model = train::target_train::model_from(&cfg, &report.names, &shipped)?;
+    let mut samples = Vec::new();
+    for prompt in SAMPLE_PROMPTS {
+        let ids = tk.encode(prompt, true).map_err(|e| anyhow::anyhow!("encoding {prompt:?}: {e}"))?.get_ids().to_vec();
+        let gen = gemma4::generate::GenerateConfig { max_tokens: 48, stop_tokens: vec![1], ..Default::default() };
+        let out = gemma4::generate::generate(&model, &ids, &gen, |_| {})?;
+        let text = tk.decode(&out.tokens, true).map_err(|e| anyhow::anyhow!("decoding: {e}"))?;
+        eprintln!("dspark: greedy continuation of {prompt:?}:\n{prompt}{text}\n");
+        samples.push(json!({"prompt": prompt, "continuation": text}));
+    }
     let staged = gemma4::checkpoint::StagedDir::new(&a.out, a.force)?;
     let weights: std::collections::BTreeMap<String, mlx_core::Array> = report
         .names
@@ -176,6 +193,7 @@ pub fn run(a: Args) -> Result<()> {
         "seq_len": a.seq_len, "lr": a.lr, "seed": a.seed, "minutes": report.seconds / 60.0,
         "validation_bits_per_byte": {"initial": bpb(report.initial_val_loss), "final": bpb(report.final_val_loss)},
         "byte_bigram_bits_per_byte": baseline,
+        "greedy_continuations": samples,
         "loss_curve": report.losses.iter().step_by(10).collect::<Vec<_>>(),
     });
     std::fs::write(staged.path().join("train_report.json"), serde_json::to_string_pretty(&summary)?)?;

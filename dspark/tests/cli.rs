@@ -109,8 +109,9 @@ fn a_drafter_passed_as_model_is_named_as_such() {
 fn drafter_options_without_a_drafter_are_refused() {
     let sc = Scratch::create("needs-drafter");
     let home = sc.join("home");
-    for flags in [&["--gamma", "3"][..], &["--min-conf", "0.5"], &["--calibrated"]] {
-        let mut args = vec!["generate", "--tokens", "5 6", "--max-tokens", "2"];
+    // The default model brings its drafter; `--drafter none` turns it off.
+    for flags in [&["--gamma", "3"][..], &["--min-conf", "0.5"], &["--calibrated"], &["--compare"]] {
+        let mut args = vec!["generate", "--drafter", "none", "--tokens", "5 6", "--max-tokens", "2"];
         args.extend_from_slice(flags);
         let r = dspark(&home, &args);
         fails_with(&r, &[flags[0], "--drafter"]);
@@ -203,7 +204,7 @@ fn serve_and_generate_refuse_bad_serving_flags() {
     fails_with(&r, &["--max-concurrency"]);
     let r = dspark(&home, &["serve", "--prefill-step", "0"]);
     fails_with(&r, &["--prefill-step"]);
-    let r = dspark(&home, &["serve", "--gamma", "2"]);
+    let r = dspark(&home, &["serve", "--drafter", "none", "--gamma", "2"]);
     fails_with(&r, &["--drafter"]);
     let r = dspark(&home, &["generate", "--tokens", "5 6", "--stop", "t7"]);
     fails_with(&r, &["--stop"]);

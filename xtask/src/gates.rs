@@ -145,6 +145,55 @@ fn targets(root: &Path) -> Result<Vec<Target>> {
     ])
 }
 
+/// The embedded default (trained target and drafter) on a held-out prompt, computed in f32
+/// (`auto`) and as stored (bf16), decoding well past its sliding window: the rows of the
+/// table, then (accepted drafts, failures).
+fn default_pair_parity(tokens: usize) -> Result<(usize, Vec<String>)> {
+    let dir = dspark::default_model::ensure(false)?;
+    let ddir = dspark::default_model::ensure_drafter(false)?;
+    let tok = gemma4::tokenizer::Tokenizer::from_dir(&dir)?;
+    let text = &crate::train_default::test_prompts(1)?[0].text;
+    let p = tok.encode(text, true)?;
+    let (mut accepted, mut failures) = (0, Vec::new());
+    for dtype in [gemma4::ComputeDtype::Auto, gemma4::ComputeDtype::Stored] {
+        let (model, resolved) = Model::load_as(&dir, dtype, mlx_core::Device::Cpu)?;
+        let window = model.config().sliding_window;
+        // Past the window: the prompt plus at least twice the window.
+        let n = tokens.max(2 * window + 8);
+        let plain =
+            generate(&model, &p, &spec_cfg(1, n, SamplerConfig::greedy(), 0, Pruning::Off).generate, |_| {})?.tokens;
+        let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;
+        let own = drafter.gamma();
+        for (gamma, pruning) in [(own, Pruning::Off), (3, Pruning::Off), (own, Pruning::MinConf(0.5))] {
+            let cfg = spec_cfg(gamma, n, SamplerConfig::greedy(), 0, pruning.clone());
+            let out = speculative_generate(&model, drafter.as_mut(), &p, &cfg, |_| {})?;
+            let matched = out.tokens.iter().zip(&plain).take_while(|(a, b)| a == b).count();
+            let ok = out.tokens == plain;
+            let s = &out.stats;
+            println!(
+                "| default ({}; {} prompt tokens, window {window}) | dspark (trained default) | {gamma} | {} | {matched}/{} {} | {} | {} | {:.2} | {:.2} |",
+                resolved.describe(),
+                p.len(),
+                match &pruning {
+                    Pruning::MinConf(c) => format!("min_conf {c}"),
+                    _ => "off".to_string(),
+                },
+                plain.len(),
+                if ok { "" } else { "MISMATCH" },
+                s.drafted,
+                s.accepted,
+                s.tau(),
+                s.syncs_per_round()
+            );
+            accepted += s.accepted;
+            if !ok {
+                failures.push(format!("default pair / {} / γ={gamma} / {pruning:?}", resolved.describe()));
+            }
+        }
+    }
+    Ok((accepted, failures))
+}
+
 /// Greedy parity over targets × drafters × γ × pruning.
 pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
     println!("\n## greedy-parity ({tokens} tokens, prompt of 21 tokens, sliding window 8)\n");
@@ -254,6 +303,11 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
         if target_accepted == 0 {
             failures.push(format!("{}: vacuous, no draft was accepted on this target", t.name));
         }
+    }
+    let (default_accepted, default_failures) = default_pair_parity(tokens)?;
+    failures.extend(default_failures);
+    if default_accepted == 0 {
+        failures.push("the embedded default pair: vacuous, no draft was accepted".into());
     }
     println!(
         "\ngreedy-parity: accepted drafts: self-drafter {self_accepted}, bigram-fitted DSpark {fitted_accepted}, with pruning on {pruned_accepted}; random-init drafters verified {dspark_drafted} drafts; {pruning_cut} pruned runs verified fewer drafts than unpruned"
@@ -450,11 +504,10 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     }
     confs.sort_by(f32::total_cmp);
     let median = confs.get(confs.len() / 2).copied().context("the drafter gave no position-1 confidences")?;
+    // Pruning off is covered by the default pair's conditions below (first token, vocab 4096).
     let conditions = [
-        (0.7f64, false, Pruning::Off, VerifyRule::Exact),
-        (1.0, false, Pruning::MinConf(median), VerifyRule::Exact),
+        (1.0f64, false, Pruning::MinConf(median), VerifyRule::Exact),
         (0.7, true, Pruning::MinConf(median), VerifyRule::Exact),
-        (1.0, true, Pruning::Off, VerifyRule::Exact),
         (1.0, false, Pruning::Off, VerifyRule::AcceptAll),
     ];
     let mut failures = Vec::new();
@@ -529,9 +582,88 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
             failures.push(format!("T={temp} filters={filters} pruning={pruning:?}: vacuous, no draft was accepted"));
         }
     }
+    failures.extend(default_pair_distribution(n)?);
     if !failures.is_empty() {
         bail!("distribution-equality FAILED for: {}", failures.join(", "));
     }
     println!("\ndistribution-equality passed");
     Ok(())
+}
+
+/// Distribution equality on the embedded default pair (vocabulary 4096): the law of the first
+/// emitted token, which the first round's verify decides (one draft, so the sample is cheap),
+/// against the target's exact next-token law after a held-out prompt. χ² over the tokens with
+/// an expected count of at least 5 plus one pooled "other" cell; then the same test must
+/// reject a broken verifier that accepts every draft (its law is the drafter's).
+pub fn default_pair_distribution(n: usize) -> Result<Vec<String>> {
+    let dir = dspark::default_model::ensure(false)?;
+    let ddir = dspark::default_model::ensure_drafter(false)?;
+    let (model, resolved) = Model::load_as(&dir, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)?;
+    let tok = gemma4::tokenizer::Tokenizer::from_dir(&dir)?;
+    let prompt = tok.encode(&crate::train_default::test_prompts(1)?[0].text, true)?;
+    let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;
+    let pre = prefill(&model, &drafter.taps(), &prompt, 2048)?;
+    let v = model.config().vocab_size;
+    let mut cache = model.new_cache();
+    let logits = plain_prefill(&model, &mut cache, &prompt, 2048)?; // [1, V]
+    println!(
+        "\n## distribution-equality on the default pair ({}; vocab {v}, first emitted token after a {}-token held-out prompt, α = {ALPHA})\n",
+        resolved.describe(),
+        prompt.len()
+    );
+    println!("| sampling | verifier | N | cells | GOF χ² (df) | p | acceptance | verdict |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut failures = Vec::new();
+    // One exact condition (the tiny gate above covers T = 1 and top-k); the broken verifier is
+    // rejected overwhelmingly, so a quarter of the samples shows it.
+    let conditions = [
+        (
+            "T=0.7 top-p 0.95",
+            SamplerConfig { temperature: 0.7, top_p: 0.95, ..Default::default() },
+            VerifyRule::Exact,
+            n,
+        ),
+        ("T=1", SamplerConfig { temperature: 1.0, ..Default::default() }, VerifyRule::AcceptAll, (n / 4).max(1000)),
+    ];
+    for (ci, (name, sampler, rule, n_spec)) in conditions.into_iter().enumerate() {
+        let law: Vec<f64> = probabilities(&logits, &sampler)?.to_f32_vec()?.into_iter().map(f64::from).collect();
+        let t0 = Instant::now();
+        let mut firsts = Vec::with_capacity(n_spec);
+        let mut totals = spec_decode::SpecStats::default();
+        for i in 0..n_spec {
+            // Two tokens: the first round drafts one and verifies it.
+            let c = spec_cfg(1, 2, sampler.clone(), 90_000_000 + (ci * n + i) as u64, Pruning::Off);
+            let out = decode_from_with_rule(&model, drafter.as_mut(), &pre, &c, rule, |_| {})?;
+            let first = *out.tokens.first().context("a speculative sample emitted no token")?;
+            totals.absorb(&out.stats);
+            firsts.push(first as usize);
+        }
+        let bins = chisq::bins(&law, n_spec);
+        let gof = chisq::goodness_of_fit(&counts(&firsts, v), &law, &bins);
+        let broken = rule == VerifyRule::AcceptAll;
+        let ok = if broken { gof.p < ALPHA } else { gof.p >= ALPHA };
+        println!(
+            "| {name} | {} | {n_spec} | {} | {:.1} ({}) | {:.3e} | {:.1}% | {} |",
+            if broken { "BROKEN (accept all)" } else { "exact" },
+            bins.len(),
+            gof.stat,
+            gof.df,
+            gof.p,
+            100.0 * totals.acceptance_rate(),
+            match (broken, ok) {
+                (false, true) => "not rejected (ok)",
+                (false, false) => "REJECTED",
+                (true, true) => "rejected (ok: the test has power)",
+                (true, false) => "NOT REJECTED (no power)",
+            }
+        );
+        eprintln!("distribution-equality (default pair): {name} took {:.1} s", t0.elapsed().as_secs_f64());
+        if !ok {
+            failures.push(format!("default pair {name} rule={rule:?}"));
+        }
+        if !broken && totals.accepted == 0 {
+            failures.push(format!("default pair {name}: vacuous, no draft was accepted"));
+        }
+    }
+    Ok(failures)
 }

@@ -7,6 +7,7 @@ mod gates;
 mod parity;
 mod plot;
 mod serve_gate;
+mod train_default;
 mod venv;
 
 use std::path::PathBuf;
@@ -43,6 +44,28 @@ enum Cmd {
         /// Where checkpoints and the report go.
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Only the default pair on 20 held-out prompts × 128 tokens (speedup, τ, identity).
+        #[arg(long)]
+        default: bool,
+        /// Only break a speculative round on this pair down into its parts: MODEL,DRAFTER.
+        #[arg(long, value_delimiter = ',')]
+        round: Option<Vec<PathBuf>>,
+    },
+    /// Rebuild the embedded default (tokenizer, target, drafter) from the Python standard
+    /// library and install it in dspark/default/ (about an hour on 2 cores).
+    TrainDefault {
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Tiny stages, installed under the work directory: a smoke test of the pipeline.
+        #[arg(long)]
+        quick: bool,
+        /// Work directory (default target/train-default).
+        #[arg(long)]
+        work: Option<PathBuf>,
+        /// Start at this stage (target, regen or drafter), reusing the earlier stages' outputs
+        /// in the work directory.
+        #[arg(long, default_value = "target")]
+        from: String,
     },
     /// Speculative-decoding losslessness gates: greedy parity and distribution equality.
     Gates {
@@ -69,9 +92,38 @@ fn target_dir() -> PathBuf {
 
 fn main() -> Result<()> {
     match Cli::parse().cmd {
-        Cmd::Bench { quick, dir } => {
+        // Timings mean nothing in a debug build of the workspace crates: rerun optimized.
+        Cmd::Bench { .. } if cfg!(debug_assertions) => {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["run", "--quiet", "--release", "--package", "xtask", "--"])
+                .args(std::env::args_os().skip(1))
+                .status()?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Bench { round: Some(pair), .. } => {
+            let r = bench::round_breakdown(&pair[0], &pair[1], 64, 20)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(())
+        }
+        Cmd::Bench { default: true, dir, .. } => {
+            let r = bench::default_pair(20, 128, 1)?;
+            let dir = dir.unwrap_or_else(|| target_dir().join("bench"));
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("default_pair.json"), serde_json::to_string_pretty(&r)?)?;
+            println!("wrote {}", dir.join("default_pair.json").display());
+            Ok(())
+        }
+        Cmd::Bench { quick, dir, .. } => {
             let dir = dir.unwrap_or_else(|| target_dir().join("bench"));
             bench::run(&dir, &target_dir().join("reference-venv"), quick)
+        }
+        Cmd::TrainDefault { seed, quick, work, from } => {
+            let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+            let work =
+                work.unwrap_or_else(|| target_dir().join(if quick { "train-default-quick" } else { "train-default" }));
+            let dest = if quick { work.join("installed") } else { train_default::default_dest(&workspace) };
+            train_default::run(&workspace, &work, &dest, &train_default::Recipe::new(seed, quick), &from)
         }
         Cmd::Parity { tokens, dir, venv } => {
             let dir = dir.unwrap_or_else(|| target_dir().join("parity"));

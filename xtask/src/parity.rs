@@ -43,6 +43,28 @@ fn checkpoints(root: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
     Ok(vec![("A bf16", a), ("A q4", a_q4), ("A hf-naming", a_hf), ("B f32 (MoE)", b), ("B q4 (MoE)", b_q4)])
 }
 
+/// The embedded default (trained on the standard library), on a held-out prompt, long enough
+/// to decode past its sliding window: as stored (bf16) and cast to f32.
+fn default_jobs(tokens: usize) -> Result<Vec<Job>> {
+    let dir = dspark::default_model::ensure(false)?;
+    let tok = gemma4::tokenizer::Tokenizer::from_dir(&dir)?;
+    let prompt = tok.encode(&crate::train_default::test_prompts(1)?[0].text, true)?;
+    let window = gemma4::TextConfig::from_dir(&dir)?.sliding_window;
+    let max_tokens = tokens.max(window + 32);
+    Ok([("default (trained) bf16", false), ("default (trained) f32 (cast at load)", true)]
+        .into_iter()
+        .map(|(name, f32)| Job {
+            name,
+            model: dir.clone(),
+            prompt: prompt.clone(),
+            max_tokens,
+            prefill_step: 2048,
+            sampler: None,
+            f32,
+        })
+        .collect())
+}
+
 fn jobs(models: &[(&'static str, PathBuf)], tokens: usize) -> Vec<Job> {
     let mut v: Vec<Job> = models
         .iter()
@@ -192,7 +214,8 @@ pub fn run(root: &Path, venv: &Path, tokens: usize) -> Result<()> {
     std::fs::create_dir_all(root)?;
     eprintln!("parity: writing tiny checkpoints under {}", root.display());
     let models = checkpoints(root)?;
-    let jobs = jobs(&models, tokens);
+    let mut jobs = jobs(&models, tokens);
+    jobs.extend(default_jobs(tokens)?);
     let python = crate::venv::ensure(venv)?;
     let refs = root.join("reference");
     std::fs::create_dir_all(&refs)?;

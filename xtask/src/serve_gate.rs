@@ -31,11 +31,11 @@ fn cases() -> Vec<Case> {
     let sampled = json!({"max_tokens": 16, "temperature": 0.8, "top_p": 0.9, "seed": 7});
     let filtered = json!({"max_tokens": 16, "temperature": 1.0, "top_k": 20, "min_p": 0.05, "seed": 3});
     vec![
-        Case { name: "completion-greedy", prompt: "t5 t6 t7 t8", chat: false, params: greedy.clone() },
-        Case { name: "completion-sampled", prompt: "t9 t10 t11", chat: false, params: sampled.clone() },
-        Case { name: "completion-topk-minp", prompt: "t40 t41", chat: false, params: filtered },
-        Case { name: "chat-greedy", prompt: "t12 t13 t14", chat: true, params: greedy },
-        Case { name: "chat-sampled", prompt: "t5 t6 t7 t8", chat: true, params: sampled },
+        Case { name: "completion-greedy", prompt: "def fibonacci(n):", chat: false, params: greedy.clone() },
+        Case { name: "completion-sampled", prompt: "import os\nimport sys\n", chat: false, params: sampled.clone() },
+        Case { name: "completion-topk-minp", prompt: "class Stack:", chat: false, params: filtered },
+        Case { name: "chat-greedy", prompt: "read a file line by line", chat: true, params: greedy },
+        Case { name: "chat-sampled", prompt: "parse a date", chat: true, params: sampled },
     ]
 }
 
@@ -49,17 +49,19 @@ impl Drop for Server {
     }
 }
 
-fn dspark_binary(workspace: &Path) -> Result<PathBuf> {
+/// Builds the `dspark` binary (`release`: optimized) and returns its path.
+pub(crate) fn dspark_binary(workspace: &Path, release: bool) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--quiet", "-p", "dspark"])
-        .current_dir(workspace)
-        .status()
-        .context("building dspark")?;
+    let mut args = vec!["build", "--quiet", "-p", "dspark"];
+    if release {
+        args.push("--release");
+    }
+    let status = Command::new(cargo).args(&args).current_dir(workspace).status().context("building dspark")?;
     if !status.success() {
         bail!("building dspark failed with {status}");
     }
-    let bin = crate::target_dir().join("debug").join(if cfg!(windows) { "dspark.exe" } else { "dspark" });
+    let profile = if release { "release" } else { "debug" };
+    let bin = crate::target_dir().join(profile).join(if cfg!(windows) { "dspark.exe" } else { "dspark" });
     if !bin.is_file() {
         bail!("{} was not built", bin.display());
     }
@@ -117,7 +119,7 @@ pub fn serve_gate(root: &Path, venv: &Path) -> Result<()> {
     let t0 = Instant::now();
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let python = crate::venv::ensure_with(venv, &[OPENAI])?;
-    let bin = dspark_binary(&workspace)?;
+    let bin = dspark_binary(&workspace, false)?;
     let home = root.join("home");
     std::fs::create_dir_all(&home)?;
     let mut list = Vec::new();
