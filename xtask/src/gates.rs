@@ -145,6 +145,15 @@ fn targets(root: &Path) -> Result<Vec<Target>> {
     ])
 }
 
+/// How a table row names a pruning setting.
+fn pruning_label(p: &Pruning) -> String {
+    match p {
+        Pruning::Off => "off".to_string(),
+        Pruning::MinConf(c) => format!("min_conf {c}"),
+        other => format!("{other:?}"),
+    }
+}
+
 /// The embedded default (trained target and drafter) on a held-out prompt, computed in f32
 /// (`auto`) and as stored (bf16), decoding well past its sliding window: the rows of the
 /// table, then (accepted drafts, failures).
@@ -174,10 +183,7 @@ fn default_pair_parity(tokens: usize) -> Result<(usize, Vec<String>)> {
                 "| default ({}; {} prompt tokens, window {window}) | dspark (trained default) | {gamma} | {} | {matched}/{} {} | {} | {} | {:.2} | {:.2} |",
                 resolved.describe(),
                 p.len(),
-                match &pruning {
-                    Pruning::MinConf(c) => format!("min_conf {c}"),
-                    _ => "off".to_string(),
-                },
+                pruning_label(&pruning),
                 plain.len(),
                 if ok { "" } else { "MISMATCH" },
                 s.drafted,
@@ -268,11 +274,7 @@ pub fn greedy_parity(root: &Path, tokens: usize) -> Result<()> {
                         "| {} | {} | {gamma} | {} | {matched}/{} {} | {} | {} | {:.2} | {:.2} |",
                         t.name,
                         name,
-                        match pruning {
-                            Pruning::Off => "off".to_string(),
-                            Pruning::MinConf(c) => format!("min_conf {c}"),
-                            other => format!("{other:?}"),
-                        },
+                        pruning_label(pruning),
                         plain.len(),
                         if ok { "" } else { "MISMATCH" },
                         s.drafted,

@@ -33,6 +33,16 @@ inline float reduce_lanes(const float* lane) {
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
+// scores[j] ← exp(scores[j] − m), returning their sum taken in key order.
+inline float exponentiate(float* scores, int L, float m) {
+  float sum = 0.0f;
+  for (int j = 0; j < L; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    sum += scores[j];
+  }
+  return sum;
+}
+
 // One query row `q` [D] over `L` keys/values [L, D] (row-contiguous) into `out` [D]: scores,
 // their maximum, exponentials summed in key order, values accumulated in key order with FMAs,
 // then divided by the sum.
@@ -51,11 +61,7 @@ void attend_row_generic(const float* q, const float* k, const float* v, int L, i
     scores[j] = s * scale;
     m = std::max(m, scores[j]);
   }
-  float sum = 0.0f;
-  for (int j = 0; j < L; ++j) {
-    scores[j] = std::exp(scores[j] - m);
-    sum += scores[j];
-  }
+  const float sum = exponentiate(scores, L, m);
   for (int d = 0; d < D; ++d) out[d] = 0.0f;
   for (int j = 0; j < L; ++j) {
     const float* vr = v + static_cast<size_t>(j) * D;
@@ -81,11 +87,7 @@ __attribute__((target("avx2,fma"))) void attend_row_avx2(const float* q, const f
     scores[j] = s * scale;
     m = std::max(m, scores[j]);
   }
-  float sum = 0.0f;
-  for (int j = 0; j < L; ++j) {
-    scores[j] = std::exp(scores[j] - m);
-    sum += scores[j];
-  }
+  const float sum = exponentiate(scores, L, m);
   for (int d = 0; d < D; ++d) out[d] = 0.0f;
   for (int j = 0; j < L; ++j) {
     const float* vr = v + static_cast<size_t>(j) * D;
