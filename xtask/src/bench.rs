@@ -417,9 +417,7 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
     let dir = dspark::default_model::ensure(false)?;
     let ddir = dspark::default_model::ensure_drafter(false)?;
     let (model, resolved) = Model::load_as(&dir, ComputeDtype::Auto, Device::Cpu)?;
-    let tok = gemma4::tokenizer::Tokenizer::from_dir(&dir)?;
-    let prompts = crate::train_default::test_prompts(n)?;
-    let ids: Vec<Vec<u32>> = prompts.iter().map(|p| tok.encode(&p.text, true)).collect::<Result<_, _>>()?;
+    let (prompts, ids) = crate::train_default::test_prompt_ids(&dir, n)?;
     let samplers = [
         ("greedy", SamplerConfig::greedy()),
         ("T=1", SamplerConfig { temperature: 1.0, ..Default::default() }),

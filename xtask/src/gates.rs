@@ -160,9 +160,7 @@ fn pruning_label(p: &Pruning) -> String {
 fn default_pair_parity(tokens: usize) -> Result<(usize, Vec<String>)> {
     let dir = dspark::default_model::ensure(false)?;
     let ddir = dspark::default_model::ensure_drafter(false)?;
-    let tok = gemma4::tokenizer::Tokenizer::from_dir(&dir)?;
-    let text = &crate::train_default::test_prompts(1)?[0].text;
-    let p = tok.encode(text, true)?;
+    let p = crate::train_default::test_prompt_ids(&dir, 1)?.1.remove(0);
     let (mut accepted, mut failures) = (0, Vec::new());
     for dtype in [gemma4::ComputeDtype::Auto, gemma4::ComputeDtype::Stored] {
         let (model, resolved) = Model::load_as(&dir, dtype, mlx_core::Device::Cpu)?;
@@ -601,8 +599,7 @@ pub fn default_pair_distribution(n: usize) -> Result<Vec<String>> {
     let dir = dspark::default_model::ensure(false)?;
     let ddir = dspark::default_model::ensure_drafter(false)?;
     let (model, resolved) = Model::load_as(&dir, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)?;
-    let tok = gemma4::tokenizer::Tokenizer::from_dir(&dir)?;
-    let prompt = tok.encode(&crate::train_default::test_prompts(1)?[0].text, true)?;
+    let prompt = crate::train_default::test_prompt_ids(&dir, 1)?.1.remove(0);
     let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;
     let pre = prefill(&model, &drafter.taps(), &prompt, 2048)?;
     let v = model.config().vocab_size;

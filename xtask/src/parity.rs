@@ -47,8 +47,7 @@ fn checkpoints(root: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
 /// to decode past its sliding window: as stored (bf16) and cast to f32.
 fn default_jobs(tokens: usize) -> Result<Vec<Job>> {
     let dir = dspark::default_model::ensure(false)?;
-    let tok = gemma4::tokenizer::Tokenizer::from_dir(&dir)?;
-    let prompt = tok.encode(&crate::train_default::test_prompts(1)?[0].text, true)?;
+    let prompt = crate::train_default::test_prompt_ids(&dir, 1)?.1.remove(0);
     let window = gemma4::TextConfig::from_dir(&dir)?.sliding_window;
     let max_tokens = tokens.max(window + 32);
     Ok([("default (trained) bf16", false), ("default (trained) f32 (cast at load)", true)]

@@ -108,6 +108,14 @@ pub fn test_prompts(count: usize) -> Result<Vec<Prompt>> {
     Ok(p)
 }
 
+/// [`test_prompts`] encoded (with `<bos>`) by the tokenizer of the checkpoint in `model_dir`.
+pub fn test_prompt_ids(model_dir: &Path, count: usize) -> Result<(Vec<Prompt>, Vec<Vec<u32>>)> {
+    let tok = gemma4::tokenizer::Tokenizer::from_dir(model_dir)?;
+    let prompts = test_prompts(count)?;
+    let ids = prompts.iter().map(|p| tok.encode(&p.text, true)).collect::<Result<_, _>>()?;
+    Ok((prompts, ids))
+}
+
 fn write_prompts(path: &Path, prompts: &[Prompt]) -> Result<()> {
     let lines: Vec<String> = prompts.iter().map(|p| json!({"prompt": p.text}).to_string()).collect();
     std::fs::write(path, lines.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))
