@@ -19,9 +19,11 @@ pub struct Args {
     /// The frozen target checkpoint the data was regenerated from.
     #[arg(long)]
     model: PathBuf,
-    /// Shards written by `dspark regen`.
-    #[arg(long)]
-    data: PathBuf,
+    /// Directories of shards written by `dspark regen`, comma-separated or the flag repeated
+    /// (say greedy and sampled continuations): each is split into train / validation / test
+    /// on its own and the slices are pooled.
+    #[arg(long, required = true, value_delimiter = ',')]
+    data: Vec<PathBuf>,
     /// Output directory (`best/` = the drafter checkpoint, `state/` = the resumable state).
     #[arg(long)]
     out: PathBuf,
@@ -107,9 +109,16 @@ pub fn run(a: Args) -> Result<()> {
     let model = Model::load_as(&a.model, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
         .map(|m| m.0)
         .with_context(|| format!("loading the target {}", a.model.display()))?;
-    let shards = list_shards(&a.data, None).with_context(|| format!("reading the shards in {}", a.data.display()))?;
-    let first = shards.first().with_context(|| format!("{} holds no shard_* directories", a.data.display()))?;
-    let meta = train::shards::read_meta(first)?;
+    let mut shards = Vec::new();
+    for dir in &a.data {
+        let found = list_shards(dir, None).with_context(|| format!("reading the shards in {}", dir.display()))?;
+        if found.is_empty() {
+            bail!("--data {}: holds no shard_* directories (write them with `dspark regen`)", dir.display());
+        }
+        shards.extend(found);
+    }
+    // The taps come from the data; train_drafter checks every directory against them.
+    let meta = train::shards::read_meta(&shards[0])?;
     let cfg = DSparkConfig {
         gamma: a.gamma,
         d_draft: a.d_model,
@@ -137,7 +146,7 @@ pub fn run(a: Args) -> Result<()> {
         "training {} on {} shard(s) of {} (taps {:?}), γ {}, {} steps of {} anchors",
         init.name(),
         shards.len(),
-        a.data.display(),
+        a.data.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "),
         meta.tap_layers,
         a.gamma,
         a.steps,

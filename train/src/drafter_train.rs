@@ -162,12 +162,16 @@ impl Run<'_> {
     }
 }
 
-/// Trains `init` (a dense DSpark drafter for `target`) on the shards in `data_dir`, writing
+/// Trains `init` (a dense DSpark drafter for `target`) on the shards in `data_dirs`, writing
 /// `<out>/best` and `<out>/state`. With `resume`, continues from `<out>/state`.
+///
+/// Several data directories (say the target's greedy and its sampled continuations of the same
+/// prompts) are split one by one and their slices pooled, so each directory keeps its own
+/// held-out test slice and training draws from every one of them.
 pub fn train_drafter(
     target: &Model,
     init: &DSparkDrafter,
-    data_dir: &Path,
+    data_dirs: &[PathBuf],
     out: &Path,
     cfg: &DrafterTrainConfig,
     resume: bool,
@@ -185,8 +189,17 @@ pub fn train_drafter(
             ),
         });
     }
-    let shards = list_shards(data_dir, Some((&TargetId::of(tcfg), &taps)))?;
-    let split = split_shards(&shards, data_dir)?;
+    if data_dirs.is_empty() {
+        return Err(Error::Mismatch { what: "data", detail: "no data directory was given".into() });
+    }
+    let mut split = Split { train: Vec::new(), val: Vec::new(), test: Vec::new() };
+    for dir in data_dirs {
+        let shards = list_shards(dir, Some((&TargetId::of(tcfg), &taps)))?;
+        let s = split_shards(&shards, dir)?;
+        split.train.extend(s.train);
+        split.val.extend(s.val);
+        split.test.extend(s.test);
+    }
     let load = |ps: &[PathBuf]| ps.iter().map(|p| read_shard(p)).collect::<Result<Vec<_>>>();
     let (train_shards, val_shards) = (load(&split.train)?, load(&split.val)?);
     let names = init.config().param_names();

@@ -4,6 +4,8 @@
 //! train-split files). Selection is a seeded shuffle, so a seed gives the same prompts on any
 //! machine with the same corpus.
 
+use crate::corpus::{list_sources, read_split, stdlib_dir, Split};
+use crate::error::{Error, Result};
 use crate::rng::SplitMix64;
 
 /// Where in a document a prompt is cut.
@@ -78,6 +80,22 @@ pub fn cut_prompts(
         }
     }
     out
+}
+
+/// `count` prompts from the heads of this machine's Python standard library files of one
+/// split (40 to 400 bytes of whole lines, seeded); an error names the split when it has too
+/// few files for them.
+pub fn stdlib_heads(split: Split, count: usize, seed: u64) -> Result<Vec<Prompt>> {
+    let files = list_sources(&stdlib_dir(None)?)?;
+    let docs = read_split(&files, split);
+    let p = cut_prompts(&docs, Cut::Head, count, 40, 400, seed);
+    if p.len() < count {
+        return Err(Error::Invalid {
+            what: format!("{split:?} split of the standard library"),
+            detail: format!("only {} files give a prompt (wanted {count})", p.len()),
+        });
+    }
+    Ok(p)
 }
 
 #[cfg(test)]

@@ -88,7 +88,7 @@ fn training_raises_validation_tau_and_resumes_bit_for_bit() {
     regen(&m, &data, &taps, 4);
     let init = DSparkDrafter::init(drafter_cfg(taps.clone()), m.config(), "tiny", 1, false).unwrap();
     let mut evals = Vec::new();
-    let report = train_drafter(&m, &init, &data, &root.join("run"), &quick(300), false, |p| {
+    let report = train_drafter(&m, &init, std::slice::from_ref(&data), &root.join("run"), &quick(300), false, |p| {
         if let Some(e) = &p.eval {
             evals.push(e.tau);
         }
@@ -104,10 +104,16 @@ fn training_raises_validation_tau_and_resumes_bit_for_bit() {
 
     // 40 steps straight = 20 steps, an interruption, and a resume.
     let (straight, half) = (root.join("straight"), root.join("half"));
-    train_drafter(&m, &init, &data, &straight, &quick(40), false, |_| {}).unwrap();
+    train_drafter(&m, &init, std::slice::from_ref(&data), &straight, &quick(40), false, |_| {}).unwrap();
     let stopped = DrafterTrainConfig { stop_after: Some(20), ..quick(40) };
-    assert_eq!(train_drafter(&m, &init, &data, &half, &stopped, false, |_| {}).unwrap().steps, 20);
-    assert_eq!(train_drafter(&m, &init, &data, &half, &quick(40), true, |_| {}).unwrap().steps, 40);
+    assert_eq!(
+        train_drafter(&m, &init, std::slice::from_ref(&data), &half, &stopped, false, |_| {}).unwrap().steps,
+        20
+    );
+    assert_eq!(
+        train_drafter(&m, &init, std::slice::from_ref(&data), &half, &quick(40), true, |_| {}).unwrap().steps,
+        40
+    );
     let a = train::TrainState::load(&straight.join("state")).unwrap();
     let b = train::TrainState::load(&half.join("state")).unwrap();
     assert_eq!(a.opt.step, b.opt.step);
@@ -126,17 +132,34 @@ fn data_of_another_shape_is_refused() {
     let data = root.join("data");
     regen(&m, &data, &[2, 6], 2);
     let drafter = |taps: Vec<usize>| DSparkDrafter::init(drafter_cfg(taps), m.config(), "tiny", 1, false).unwrap();
-    let run = |d: &DSparkDrafter| train_drafter(&m, d, &data, &root.join("run"), &quick(2), false, |_| {});
+    let run = |d: &DSparkDrafter| {
+        train_drafter(&m, d, std::slice::from_ref(&data), &root.join("run"), &quick(2), false, |_| {})
+    };
     let e = run(&drafter(vec![2, 6])).unwrap_err().to_string();
     assert!(e.contains("2 shard(s)") && e.contains("at least 3"), "{e}");
     let e = run(&drafter(vec![3, 6])).unwrap_err().to_string();
     assert!(e.contains("taps [2, 6]") && e.contains("expected"), "{e}");
     let e = run(&drafter(vec![6, 2])).unwrap_err().to_string();
     assert!(e.contains("final-norm"), "{e}");
-    let e = train_drafter(&m, &drafter(vec![2, 6]), &root.join("nowhere"), &root.join("run"), &quick(2), false, |_| {})
-        .unwrap_err()
-        .to_string();
+    let e =
+        train_drafter(&m, &drafter(vec![2, 6]), &[root.join("nowhere")], &root.join("run"), &quick(2), false, |_| {})
+            .unwrap_err()
+            .to_string();
     assert!(e.contains("nowhere"), "{e}");
+    // With several directories each is checked on its own: three good shards do not hide a
+    // second directory of two, and a second directory of other taps is named.
+    let good = root.join("good");
+    regen(&m, &good, &[2, 6], 3);
+    let other = root.join("other");
+    regen(&m, &other, &[3, 6], 3);
+    let pooled =
+        |dirs: &[PathBuf]| train_drafter(&m, &drafter(vec![2, 6]), dirs, &root.join("run"), &quick(2), false, |_| {});
+    let e = pooled(&[good.clone(), data.clone()]).unwrap_err().to_string();
+    assert!(e.contains("2 shard(s)") && e.contains("data"), "{e}");
+    let e = pooled(&[good.clone(), other.clone()]).unwrap_err().to_string();
+    assert!(e.contains("other") && e.contains("taps [3, 6]"), "{e}");
+    assert!(pooled(&[]).unwrap_err().to_string().contains("no data directory"));
+    assert_eq!(pooled(&[good.clone(), good]).unwrap().steps, 2);
     let _ = std::fs::remove_dir_all(&root);
 }
 
