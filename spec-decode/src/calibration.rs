@@ -4,8 +4,69 @@
 //! prune); positions where no threshold reaches the target get 1.0 (always prune there);
 //! position 0 is never pruned. Deterministic and independent of sample order.
 //!
-//! The result is stored as `config.sts` in `dspark.json`; the name is historical and has nothing
-//! to do with sequential temperature scaling. See docs/verify.md, "Confidence pruning".
+//! The result is stored with the STS fits: `config.sts` in `dspark.json`, or the sidecar
+//! [`SIDECAR_FILE`] for DeepSpec checkpoints. See docs/verify.md, "Confidence pruning".
+
+use std::path::Path;
+
+use crate::dspark::Calibration;
+use crate::error::{Error, Result};
+
+/// Where a drafter format without a descriptor of its own (DeepSpec: its `config.json` is
+/// another project's format) keeps its calibration: this file in the checkpoint directory,
+/// holding the same block DSpark stores as `config.sts`.
+pub const SIDECAR_FILE: &str = "dspark-calibration.json";
+
+/// Reads the sidecar calibration of `dir`, if there is one, checked against a block of `gamma`.
+pub fn read_sidecar(dir: &Path, gamma: usize) -> Result<Option<Calibration>> {
+    let path = dir.join(SIDECAR_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(Error::Io { path, source }),
+    };
+    let c: Calibration =
+        serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("invalid calibration: {e}")))?;
+    check(&c, gamma).map_err(|detail| Error::checkpoint(&path, detail))?;
+    Ok(Some(c))
+}
+
+/// Checks a calibration block against a block of `gamma` drafts: its version, γ thresholds and,
+/// per fitted mode, γ positive temperatures. The message names the offending key.
+pub fn check(c: &Calibration, gamma: usize) -> std::result::Result<(), String> {
+    if !(1..=crate::dspark::CALIBRATION_VERSION).contains(&c.version) {
+        return Err(format!(
+            "sts.version {} is not supported (this build reads 1 to {})",
+            c.version,
+            crate::dspark::CALIBRATION_VERSION
+        ));
+    }
+    if c.thresholds.len() != gamma {
+        return Err(format!("sts.thresholds has {} entries, expected gamma = {gamma}", c.thresholds.len()));
+    }
+    for (name, fit) in [("greedy", &c.greedy), ("sampled", &c.sampled)] {
+        let Some(fit) = fit else { continue };
+        if fit.temperatures.len() != gamma {
+            return Err(format!(
+                "sts.{name}.temperatures has {} entries, expected gamma = {gamma}",
+                fit.temperatures.len()
+            ));
+        }
+        if let Some(t) = fit.temperatures.iter().find(|t| !(t.is_finite() && **t > 0.0)) {
+            return Err(format!("sts.{name}.temperatures holds {t}: expected positive temperatures"));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `c` as the sidecar of `dir`, atomically (temp file, then rename).
+pub fn write_sidecar(dir: &Path, c: &Calibration) -> Result<()> {
+    let path = dir.join(SIDECAR_FILE);
+    let body = serde_json::to_string_pretty(c).map_err(|e| Error::Contract(e.to_string()))? + "\n";
+    let tmp = dir.join(format!(".{SIDECAR_FILE}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, body).map_err(|source| Error::Io { path: tmp.clone(), source })?;
+    std::fs::rename(&tmp, &path).map_err(|source| Error::Io { path, source })
+}
 
 /// One observed draft position.
 #[derive(Clone, Copy, Debug, PartialEq)]

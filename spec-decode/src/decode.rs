@@ -14,7 +14,8 @@
 //! Host synchronisation: the drafts stay on the device and feed the verify directly; the verdict
 //! inputs (drafts, target picks, and under sampling the acceptance flags, residual draws and the
 //! bonus draw for every position) are computed on the device and read back in ONE transfer per
-//! round. Confidence pruning adds one read before the verify (its length decides the window).
+//! round. Confidence pruning and the throughput schedule add one read before the verify (the
+//! confidences decide the window).
 
 use std::time::Instant;
 
@@ -27,7 +28,7 @@ use crate::calibration::ConfSample;
 use crate::drafter::{DraftRequest, DraftSampling, Drafter};
 use crate::error::{Error, Result};
 use crate::rule::VerifyRule;
-use crate::schedule::{kept_len, Pruning};
+use crate::schedule::{Cut, Pruning};
 use crate::stats::SpecStats;
 use crate::verify::{greedy_verdict, sampled_verdict};
 
@@ -320,7 +321,7 @@ pub struct SpecRounds {
     cfg: SpecConfig,
     rule: VerifyRule,
     gamma: usize,
-    thresholds: Option<Vec<f32>>,
+    cut: Option<Cut>,
     taps: TapSet,
     greedy: bool,
     stats: SpecStats,
@@ -367,7 +368,7 @@ impl SpecRounds {
                 ),
             });
         }
-        let thresholds = cfg.pruning.resolve(drafter.thresholds(), gamma)?;
+        let cut = cfg.pruning.resolve(drafter.thresholds(), gamma)?;
         let taps = drafter.taps();
         if taps != pre.taps {
             return Err(Error::Contract("the prefill was tapped for a different drafter".into()));
@@ -387,7 +388,7 @@ impl SpecRounds {
             cfg: cfg.clone(),
             rule,
             gamma,
-            thresholds,
+            cut,
             taps,
             greedy: gen.sampler.is_greedy(),
             stats,
@@ -485,16 +486,18 @@ impl SpecRounds {
                     drafter.name()
                 )));
             }
-            if let (Some(th), Some(conf)) = (&self.thresholds, &p.confidence) {
+            let mut keep = p.len()?;
+            if let (Some(cut), Some(conf)) = (&self.cut, &p.confidence) {
                 let c = conf.to_f32_vec()?;
                 stats.host_syncs += 1;
-                let keep = kept_len(&c, th);
-                if keep < p.len()? {
+                keep = cut.kept(&c).min(keep);
+                if keep > 0 && keep < p.len()? {
                     p = p.truncate(keep)?;
                 }
                 round_conf = c[..keep].to_vec();
             }
-            Some(p)
+            // The throughput schedule may find that no draft pays: a plain step.
+            (keep > 0).then_some(p)
         };
         let d = match &proposal {
             Some(p) => p.len()?,
@@ -531,8 +534,8 @@ impl SpecRounds {
         if proposal.is_some() {
             stats.record_round(d, verdict.accepted);
         } else {
-            // The last token of a request can only come from a draft-free forward: it is a
-            // plain decode step, not a speculative round, so τ does not count it.
+            // A draft-free forward (the last token of a request, or a round whose schedule found
+            // that no draft pays) is a plain decode step, not a speculative round: τ ignores it.
             stats.plain_steps += 1;
         }
         self.conf_samples.extend(round_conf.iter().enumerate().map(|(pos, &conf)| ConfSample {

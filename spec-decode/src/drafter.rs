@@ -113,6 +113,12 @@ pub trait Drafter {
     fn thresholds(&self) -> Option<Vec<f32>> {
         None
     }
+    /// The checkpoint's STS temperatures for greedy or sampled decoding, if it was calibrated
+    /// for that mode (what [`crate::Pruning::Throughput`] turns confidences into survivals with).
+    fn sts_temperatures(&self, greedy: bool) -> Option<Vec<f32>> {
+        let _ = greedy;
+        None
+    }
     /// Starts a request: `ctx` holds the tapped rows of the prompt's committed tokens
     /// // `[1, L, m·H]` (None when `taps()` is empty).
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()>;

@@ -31,6 +31,7 @@ mod error;
 pub mod loader;
 pub mod oracle;
 pub mod probs;
+pub mod profile;
 pub mod reliability;
 mod rule;
 pub mod schedule;
@@ -48,5 +49,5 @@ pub use decode::{
 pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 pub use error::{Error, Result};
 pub use loader::{detect, load_drafter, DrafterKind};
-pub use schedule::Pruning;
+pub use schedule::{Pruning, ThroughputPlan};
 pub use stats::SpecStats;

@@ -99,3 +99,20 @@ pub fn load_drafter(dir: &Path, target: &TextConfig) -> Result<Box<dyn Drafter>>
         DrafterKind::DeepSpec => Box::new(DeepSpecDrafter::load(dir, target)?),
     })
 }
+
+/// Whether the drafter checkpoint in `dir` already holds a calibration.
+pub fn is_calibrated(dir: &Path) -> Result<bool> {
+    Ok(match detect(dir)? {
+        DrafterKind::DSpark => crate::dspark::config::read_descriptor(dir)?.config.sts.is_some(),
+        DrafterKind::DeepSpec => dir.join(crate::calibration::SIDECAR_FILE).is_file(),
+    })
+}
+
+/// Stores `calibration` in the drafter checkpoint in `dir`, replacing any earlier one:
+/// `config.sts` of `dspark.json` for DSpark, the sidecar file for DeepSpec.
+pub fn write_calibration(dir: &Path, calibration: &crate::dspark::Calibration) -> Result<()> {
+    match detect(dir)? {
+        DrafterKind::DSpark => crate::dspark::write_calibration(dir, calibration, true),
+        DrafterKind::DeepSpec => crate::calibration::write_sidecar(dir, calibration),
+    }
+}

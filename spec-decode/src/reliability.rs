@@ -23,6 +23,20 @@ pub fn ece(p: &[f32], y: &[bool], bins: usize) -> f64 {
     (0..bins).filter(|&b| n[b] > 0).map(|b| (sp[b] - sy[b]).abs() / total as f64).sum()
 }
 
+/// The reliability diagram's points: for each non-empty bin of `bins` equal-width bins of
+/// [0, 1], (mean prediction, observed frequency, count).
+pub fn reliability_bins(p: &[f32], y: &[bool], bins: usize) -> Vec<(f64, f64, usize)> {
+    let bins = bins.max(1);
+    let (mut n, mut sp, mut sy) = (vec![0usize; bins], vec![0f64; bins], vec![0f64; bins]);
+    for (&pi, &yi) in p.iter().zip(y).filter(|(p, _)| p.is_finite()) {
+        let b = ((pi.clamp(0.0, 1.0) as f64 * bins as f64) as usize).min(bins - 1);
+        n[b] += 1;
+        sp[b] += pi as f64;
+        sy[b] += yi as u8 as f64;
+    }
+    (0..bins).filter(|&b| n[b] > 0).map(|b| (sp[b] / n[b] as f64, sy[b] / n[b] as f64, n[b])).collect()
+}
+
 /// Area under the ROC curve (the probability that a random positive scores above a random
 /// negative, ties counting one half); None without both outcomes.
 pub fn auroc(p: &[f32], y: &[bool]) -> Option<f64> {
@@ -74,6 +88,15 @@ mod tests {
         assert!((ece(&P, &Y, 2) - want).abs() < 1e-6, "{} vs {want}", ece(&P, &Y, 2));
         assert_eq!(ece(&[], &[], 20), 0.0);
         assert!((ece(&[1.0, 0.0], &[true, false], 20)).abs() < 1e-12, "perfect predictions: 0");
+    }
+
+    #[test]
+    fn reliability_bins_by_hand() {
+        let b = reliability_bins(&P, &Y, 2);
+        assert_eq!(b.len(), 2);
+        assert!((b[0].0 - 0.85 / 3.0).abs() < 1e-6 && (b[0].1 - 1.0 / 3.0).abs() < 1e-12 && b[0].2 == 3);
+        assert!((b[1].0 - 2.6 / 3.0).abs() < 1e-6 && (b[1].1 - 2.0 / 3.0).abs() < 1e-12 && b[1].2 == 3);
+        assert_eq!(reliability_bins(&[0.05], &[true], 20), vec![(0.05f32 as f64, 1.0, 1)]);
     }
 
     #[test]

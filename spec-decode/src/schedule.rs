@@ -1,8 +1,10 @@
 //! Confidence-scheduled draft length, single-request form (docs/verify.md, "Confidence
-//! pruning"): the block is cut at the first position k ≥ 1 whose confidence is below that
-//! position's threshold. Position 0 is always kept, so a round verifies at least one draft.
-//! Pruning only truncates; it never re-draws, so the kept drafts are exactly those the unpruned
-//! drafter would propose.
+//! pruning" and "Throughput schedule"). Either the block is cut at the first position k ≥ 1
+//! whose confidence is below that position's threshold (position 0 is always kept), or the
+//! hardware-aware schedule admits positions while the expected throughput improves
+//! ([`crate::throughput`]), which may verify no draft at all. Both only truncate, never
+//! re-draw, and both decide on position k from confidences that depend on drafts before k
+//! only, so the window is a stopping time and speculative sampling stays exact.
 
 use crate::error::{Error, Result};
 
@@ -19,6 +21,69 @@ pub enum Pruning {
     /// The drafter checkpoint's own thresholds: calibrated ones for DSpark, `confidence_threshold`
     /// for DeepSpec (an error if it has none).
     Calibrated,
+    /// The hardware-aware schedule (Algorithm 1): STS-calibrated survivals against the
+    /// profiled verify costs.
+    Throughput(ThroughputPlan),
+}
+
+/// What the throughput schedule needs: the drafter's STS temperatures and the target's
+/// profiled verify costs on this device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThroughputPlan {
+    /// Per-position temperatures of the confidence logit (from calibration).
+    pub temperatures: Vec<f32>,
+    /// Cost of a round verifying n = 1, 2, … tokens, in decode steps: v(n) = T_verify(n) /
+    /// T_decode(1), plus the proposal's cost when profiled (see `profile::VerifyProfile`).
+    pub cost: Vec<f32>,
+    /// Choose the window after seeing every confidence (biased; the statistical gate only).
+    pub(crate) look_ahead: bool,
+}
+
+impl ThroughputPlan {
+    pub fn new(temperatures: Vec<f32>, cost: Vec<f32>) -> ThroughputPlan {
+        ThroughputPlan { temperatures, cost, look_ahead: false }
+    }
+
+    /// The same plan with a scheduler that picks the best window after seeing all confidences
+    /// (not a stopping time, so NOT lossless): for the gate that shows its test catches this.
+    #[cfg(feature = "testing")]
+    pub fn look_ahead(self) -> ThroughputPlan {
+        ThroughputPlan { look_ahead: true, ..self }
+    }
+
+    /// Whether this is the gate's biased look-ahead scheduler.
+    pub fn is_look_ahead(&self) -> bool {
+        self.look_ahead
+    }
+
+    /// Drafts to verify for a block with these confidences (0 = a plain decode step).
+    pub fn window(&self, conf: &[f32]) -> usize {
+        let sts = crate::sts::Sts { temperatures: self.temperatures.clone() };
+        let survival = sts.survivals_of_confidences(conf);
+        if self.look_ahead {
+            crate::throughput::look_ahead_window(&survival, &self.cost)
+        } else {
+            crate::throughput::throughput_window(&survival, &self.cost)
+        }
+    }
+}
+
+/// A pruning rule resolved against a drafter: how a round decides its verify window.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cut {
+    /// Per-position thresholds ([`kept_len`]); empty reads confidences without pruning.
+    Thresholds(Vec<f32>),
+    Throughput(ThroughputPlan),
+}
+
+impl Cut {
+    /// Drafts kept of a block with confidences `conf`.
+    pub fn kept(&self, conf: &[f32]) -> usize {
+        match self {
+            Cut::Thresholds(t) => kept_len(conf, t),
+            Cut::Throughput(p) => p.window(conf),
+        }
+    }
 }
 
 impl Pruning {
@@ -27,9 +92,29 @@ impl Pruning {
         !matches!(self, Pruning::Off)
     }
 
-    /// Resolves the rule to per-position thresholds for a block of `gamma` drafts (`Calibrated`
-    /// against the drafter's thresholds); validates ranges.
-    pub fn resolve(&self, calibrated: Option<Vec<f32>>, gamma: usize) -> Result<Option<Vec<f32>>> {
+    /// Resolves the rule for a block of `gamma` drafts (`Calibrated` against the drafter's
+    /// thresholds); validates ranges.
+    pub fn resolve(&self, calibrated: Option<Vec<f32>>, gamma: usize) -> Result<Option<Cut>> {
+        if let Pruning::Throughput(plan) = self {
+            let bad = |detail: String| Error::Settings { field: "schedule", detail };
+            if plan.cost.len() < 2 {
+                return Err(bad(format!(
+                    "the verify-cost profile has {} entries; the throughput schedule needs v(1) and v(2) at least",
+                    plan.cost.len()
+                )));
+            }
+            if let Some(v) = plan.cost.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+                return Err(bad(format!("verify cost {v} in the profile: expected positive costs")));
+            }
+            if let Some(t) = plan.temperatures.iter().find(|t| !(t.is_finite() && **t > 0.0)) {
+                return Err(bad(format!("STS temperature {t}: expected positive temperatures")));
+            }
+            return Ok(Some(Cut::Throughput(plan.clone())));
+        }
+        Ok(self.thresholds(calibrated, gamma)?.map(Cut::Thresholds))
+    }
+
+    fn thresholds(&self, calibrated: Option<Vec<f32>>, gamma: usize) -> Result<Option<Vec<f32>>> {
         let check = |v: &[f32]| -> Result<()> {
             match v.iter().find(|t| !(0.0..=1.0).contains(*t)) {
                 Some(t) => {
@@ -58,6 +143,7 @@ impl Pruning {
                 check(&v)?;
                 Some(v)
             }
+            Pruning::Throughput(_) => None,
         })
     }
 }
@@ -94,13 +180,30 @@ mod tests {
     #[test]
     fn calibrated_needs_thresholds() {
         assert!(Pruning::Calibrated.resolve(None, 4).is_err());
-        assert_eq!(Pruning::Calibrated.resolve(Some(vec![0.0, 0.4]), 4).unwrap(), Some(vec![0.0, 0.4]));
+        assert_eq!(
+            Pruning::Calibrated.resolve(Some(vec![0.0, 0.4]), 4).unwrap(),
+            Some(Cut::Thresholds(vec![0.0, 0.4]))
+        );
         assert!(Pruning::MinConf(1.5).resolve(None, 4).is_err());
         assert_eq!(
             Pruning::MinConf(0.5).resolve(None, 100).unwrap(),
-            Some(vec![0.5; 100]),
+            Some(Cut::Thresholds(vec![0.5; 100])),
             "every position of a long block prunes"
         );
         assert_eq!(Pruning::Off.resolve(Some(vec![0.3]), 4).unwrap(), None);
+    }
+
+    #[test]
+    fn throughput_plans_are_checked_and_may_verify_nothing() {
+        let plan = |cost: Vec<f32>| Pruning::Throughput(ThroughputPlan::new(vec![1.0; 3], cost));
+        assert!(plan(vec![1.0]).resolve(None, 3).unwrap_err().to_string().contains("v(2)"));
+        assert!(plan(vec![1.0, f32::NAN]).resolve(None, 3).is_err());
+        let bad_t = Pruning::Throughput(ThroughputPlan::new(vec![0.0], vec![1.0, 1.1]));
+        assert!(bad_t.resolve(None, 3).unwrap_err().to_string().contains("temperature"));
+        let Some(cut) = plan(vec![1.0, 1.5, 1.6]).resolve(None, 3).unwrap() else { panic!("no cut") };
+        // σ(z) confidences: 0.4 alone does not pay for v(2) = 1.5; 0.8 does.
+        assert_eq!(cut.kept(&[0.4, 0.99]), 0);
+        assert_eq!(cut.kept(&[0.8, 0.01]), 1);
+        assert_eq!(cut.kept(&[0.8, 0.99]), 2);
     }
 }

@@ -5,6 +5,7 @@
 //! earlier positions' temperatures held fixed. A positive temperature never reorders the
 //! scores of a position, and T = 1 everywhere (before fitting) is the identity.
 
+use crate::calibration::ConfSample;
 use crate::reliability::ece;
 
 /// Bins of the calibration error STS minimises.
@@ -29,6 +30,12 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
+/// The logit z of a confidence c = σ(z); ±∞ at 1 and 0, NaN outside [0, 1].
+pub fn confidence_logit(c: f32) -> f32 {
+    let c = c as f64;
+    (c / (1.0 - c)).ln() as f32
+}
+
 impl Sts {
     /// The identity: T = 1 at every one of `gamma` positions.
     pub fn identity(gamma: usize) -> Sts {
@@ -39,6 +46,13 @@ impl Sts {
     pub fn confidence(&self, k: usize, logit: f32) -> f32 {
         let t = self.temperatures.get(k).copied().unwrap_or(1.0) as f64;
         sigmoid(logit as f64 / t) as f32
+    }
+
+    /// Cumulative survivals of a block from the drafter's raw confidences c = σ(z) (the loop
+    /// reads those): each is mapped back to its logit z and rescaled.
+    pub fn survivals_of_confidences(&self, conf: &[f32]) -> Vec<f32> {
+        let logits: Vec<f32> = conf.iter().map(|&c| confidence_logit(c)).collect();
+        self.survivals(&logits)
     }
 
     /// Cumulative survivals a_k = ∏_{i≤k} c_i of a block's confidence logits.
@@ -52,6 +66,12 @@ impl Sts {
                 s as f32
             })
             .collect()
+    }
+
+    /// Predicted survivals and outcomes ("the first k + 1 drafts were all accepted") at block
+    /// position `k` (0-based) over the rounds that verified that position.
+    pub fn position_outcomes(&self, rounds: &[RoundSample], k: usize) -> (Vec<f32>, Vec<bool>) {
+        rounds.iter().filter(|r| r.logits.len() > k).map(|r| (self.survivals(&r.logits)[k], r.accepted > k)).unzip()
     }
 
     /// Fits γ temperatures left to right; positions with fewer than `min_samples` rounds keep
@@ -90,6 +110,24 @@ impl Sts {
     }
 }
 
+/// Rebuilds verify rounds from the decode loop's per-position samples (each round's samples
+/// run from block position 0 upward, in order), as confidence logits and accepted counts.
+pub fn rounds_from_samples(samples: &[ConfSample]) -> Vec<RoundSample> {
+    let mut rounds: Vec<RoundSample> = Vec::new();
+    for s in samples {
+        if s.pos == 0 || rounds.is_empty() {
+            rounds.push(RoundSample { logits: Vec::new(), accepted: 0 });
+        }
+        if let Some(r) = rounds.last_mut() {
+            r.logits.push(confidence_logit(s.conf));
+            if s.accepted && r.accepted == r.logits.len() - 1 {
+                r.accepted += 1;
+            }
+        }
+    }
+    rounds
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +146,14 @@ mod tests {
                 RoundSample { logits, accepted }
             })
             .collect()
+    }
+
+    #[test]
+    fn rounds_are_rebuilt_from_samples() {
+        let s = |pos, conf, accepted| ConfSample { pos, conf, accepted };
+        let got = rounds_from_samples(&[s(0, 0.5, true), s(1, 0.5, false), s(0, 0.5, false), s(0, 0.5, true)]);
+        assert_eq!(got.iter().map(|r| (r.logits.len(), r.accepted)).collect::<Vec<_>>(), [(2, 1), (1, 0), (1, 1)]);
+        assert_eq!(got[0].logits[0], 0.0, "σ(0) = 0.5");
     }
 
     #[test]

@@ -33,6 +33,32 @@ pub fn throughput_window(survival: &[f32], cost: &[f32]) -> usize {
     window
 }
 
+/// The window a look-ahead scheduler picks: the ℓ with the best Θ(ℓ) after seeing every
+/// survival (ties: the shorter). Deciding whether to verify draft j from confidences that
+/// depend on draft j itself biases speculative sampling; this exists only so the statistical
+/// gate can show that its test rejects such a scheduler.
+pub fn look_ahead_window(survival: &[f32], cost: &[f32]) -> usize {
+    let mut expected = 1f64;
+    let mut best = (
+        0usize,
+        match cost.first() {
+            Some(&v) if v.is_finite() && v > 0.0 => 1.0 / v as f64,
+            _ => return 0,
+        },
+    );
+    for (j, &a) in survival.iter().enumerate() {
+        let Some(&v) = cost.get(j + 1) else { break };
+        if !(a.is_finite() && a > 0.0 && v.is_finite() && v > 0.0) {
+            break;
+        }
+        expected += a as f64;
+        if expected / v as f64 > best.1 {
+            best = (j + 1, expected / v as f64);
+        }
+    }
+    best.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +86,16 @@ mod tests {
         assert_eq!(throughput_window(&[0.95, 0.9, 0.85, 0.8], &cliff), 2, "v jumps at 4 tokens: stop before");
         assert_eq!(throughput_window(&[0.99; 3], &FLAT), 3, "never more than the block");
         assert_eq!(throughput_window(&[0.99; 8], &FLAT[..4]), 3, "never more than the profile");
+    }
+
+    #[test]
+    fn look_ahead_skips_a_position_that_does_not_pay_alone() {
+        // One draft at 0.4 does not pay for v(2) = 1.5, but two do when the second is likely:
+        // the early stop never gets there; the look-ahead does.
+        let cost = [1.0, 1.5, 1.6];
+        assert_eq!(throughput_window(&[0.4, 0.396], &cost), 0);
+        assert_eq!(look_ahead_window(&[0.4, 0.396], &cost), 2);
+        assert_eq!(look_ahead_window(&[0.4, 0.004], &cost), 0);
     }
 
     #[test]

@@ -198,7 +198,7 @@ fn calibration_is_stored_and_used_for_pruning() {
     let (_, m) = &target();
     let d = DSparkDrafter::init(cfg(4, vec![1, 6]), m.config(), "tiny", 3, true).unwrap();
     let dir = d.save(&scratch("cal"), false).unwrap();
-    let cal = Calibration { thresholds: vec![0.0, 1.0, 1.0, 1.0], target: 0.5, samples: 10 };
+    let cal = Calibration::thresholds_only(vec![0.0, 1.0, 1.0, 1.0], 0.5, 10);
     write_calibration(&dir, &cal, false).unwrap();
     let e = write_calibration(&dir, &cal, false).unwrap_err().to_string();
     assert!(e.contains("already has calibrated thresholds") && e.contains("forced"), "{e}");
@@ -266,6 +266,38 @@ fn descriptor_records_the_target_depth_and_is_checked() {
     assert!(e.contains("head is \"own\"") && e.contains("share the target's"), "{e}");
     let old = edited_dir("no-head-field", &|v| drop(v.as_object_mut().unwrap().remove("head")));
     assert!(load_drafter(&old, m.config()).is_ok(), "descriptors without `head` (older ones) still load");
+
+    // Calibration blocks: version 1 (thresholds only, no `version` key) still loads; version 2
+    // adds per-mode STS fits, whose temperatures are checked.
+    let v1 = serde_json::json!({"thresholds": [0.0, 0.5, 0.5, 0.5], "target": 0.9, "samples": 12});
+    let dir = edited_dir("cal-v1", &|v| v["config"]["sts"] = v1.clone());
+    let d1 = load_drafter(&dir, m.config()).unwrap();
+    assert_eq!(d1.thresholds(), Some(vec![0.0, 0.5, 0.5, 0.5]));
+    assert_eq!(d1.sts_temperatures(true), None, "a version-1 calibration has no temperatures");
+    let fit = serde_json::json!({"temperatures": [1.5, 2.0, 2.5, 3.0], "samplingTemperature": 0.0, "rounds": 40,
+                                 "eceBefore": [0.1, 0.1, 0.1, 0.1], "eceAfter": [0.01, 0.01, 0.01, 0.01]});
+    let mut v2 = v1.clone();
+    v2["version"] = 2.into();
+    v2["greedy"] = fit.clone();
+    let dir = edited_dir("cal-v2", &|v| v["config"]["sts"] = v2.clone());
+    let d2 = load_drafter(&dir, m.config()).unwrap();
+    assert_eq!(d2.sts_temperatures(true), Some(vec![1.5, 2.0, 2.5, 3.0]));
+    assert_eq!(d2.sts_temperatures(false), None, "fitted for greedy decoding only");
+    let e = edited("cal-v9", &|v| {
+        v["config"]["sts"] = v2.clone();
+        v["config"]["sts"]["version"] = 9.into();
+    });
+    assert!(e.contains("config.sts.version 9"), "{e}");
+    let e = edited("cal-short", &|v| {
+        v["config"]["sts"] = v2.clone();
+        v["config"]["sts"]["greedy"]["temperatures"] = serde_json::json!([1.0]);
+    });
+    assert!(e.contains("config.sts.greedy.temperatures has 1 entries"), "{e}");
+    let e = edited("cal-zero", &|v| {
+        v["config"]["sts"] = v2.clone();
+        v["config"]["sts"]["greedy"]["temperatures"] = serde_json::json!([1.0, 0.0, 1.0, 1.0]);
+    });
+    assert!(e.contains("positive temperatures"), "{e}");
 }
 
 #[test]
@@ -325,4 +357,25 @@ fn stats_exclude_the_last_draft_free_step_and_count_the_stop_token() {
     assert_eq!(out.tokens.len(), first);
     assert_eq!(out.stats.stops, 1);
     assert_eq!(out.stats.forwards_saved(), first + 1 - out.stats.target_forwards());
+}
+
+#[test]
+fn the_throughput_schedule_is_lossless_and_may_skip_drafting() {
+    use spec_decode::testing::ScriptedConfidence;
+    use spec_decode::{speculative_generate, Pruning, SpecConfig, ThroughputPlan};
+    let (_, m) = &target();
+    let p: Vec<u32> = (4..12).collect();
+    let gen = GenerateConfig { max_tokens: 40, ..Default::default() };
+    let plain = gemma4::generate::generate(m, &p, &gen, |_| {}).unwrap().tokens;
+    // First confidence 0.4 or 0.8 per round; the second 0.99 or 0.01 by the parity of draft 1.
+    let inner = DSparkDrafter::init(cfg(3, vec![1, 6]), m.config(), "tiny", 3, false).unwrap();
+    let mut d = ScriptedConfidence::new(inner, vec![0.4, 0.8], |t| if t % 2 == 0 { 0.99 } else { 0.01 }, 7);
+    let plan = ThroughputPlan::new(vec![1.0; 3], vec![1.0, 1.5, 1.6, 1.7]);
+    let sc = SpecConfig { generate: gen, gamma: Some(3), pruning: Pruning::Throughput(plan) };
+    let out = speculative_generate(m, &mut d, &p, &sc, |_| {}).unwrap();
+    assert_eq!(out.tokens, plain, "greedy output under the throughput schedule");
+    let s = &out.stats;
+    // 0.4 never pays for v(2) = 1.5: those rounds are plain steps; 0.8 verifies one or two.
+    assert!(s.plain_steps > 1 && s.rounds > 0, "{}", s.summary());
+    assert!(s.host_syncs > 0, "the schedule reads the confidences");
 }

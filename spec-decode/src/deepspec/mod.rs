@@ -52,6 +52,8 @@ pub struct Block {
 pub struct DeepSpecDrafter {
     model: DeepSpecModel,
     ctx: Option<ContextKv>,
+    /// `dspark calibrate`'s output for this checkpoint (its sidecar file), if any.
+    calibration: Option<crate::dspark::Calibration>,
 }
 
 impl DeepSpecDrafter {
@@ -79,7 +81,8 @@ impl DeepSpecDrafter {
         let mut wm = WeightMap::from_tensors(dir, tensors, "", cfg.quantization.clone());
         let model = DeepSpecModel::from_weights(cfg, &mut wm)?;
         wm.finish()?;
-        Ok(DeepSpecDrafter { model, ctx: None })
+        let calibration = crate::calibration::read_sidecar(dir, model.cfg.block_size)?;
+        Ok(DeepSpecDrafter { model, ctx: None, calibration })
     }
 
     /// The parsed config.
@@ -223,11 +226,19 @@ impl Drafter for DeepSpecDrafter {
         self.model.confidence.is_some()
     }
 
+    /// Calibrated thresholds when `dspark calibrate` has run on the checkpoint, else
     /// DeepSpec's `confidence_threshold` (absent in released configs) as per-position
     /// thresholds; position 0 is never pruned in our loop, so its threshold is 0.
     fn thresholds(&self) -> Option<Vec<f32>> {
+        if let Some(c) = &self.calibration {
+            return Some(c.thresholds.clone());
+        }
         let (t, g) = (self.model.cfg.confidence_threshold, self.model.cfg.block_size);
         (t > 0.0 && self.model.confidence.is_some()).then(|| (0..g).map(|k| if k == 0 { 0.0 } else { t }).collect())
+    }
+
+    fn sts_temperatures(&self, greedy: bool) -> Option<Vec<f32>> {
+        self.calibration.as_ref().and_then(|c| c.sts_for(greedy)).map(|f| f.temperatures.clone())
     }
 
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {

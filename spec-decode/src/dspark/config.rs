@@ -4,7 +4,8 @@
 //! { "kind": "dspark-drafter", "variant": "dspark", "version": 2,
 //!   "target_id": "<model>@<hidden>x<vocab>",
 //!   "config": { "gamma", "dDraft", "nLayers", "nHeads", "markovRank", "ffMult", "tapLayers",
-//!               "seqHead"?, "sts"?: { "thresholds", "target", "samples" } },
+//!               "seqHead"?, "sts"?: { "version"?, "thresholds", "target", "samples",
+//!                                   "greedy"?: StsFit, "sampled"?: StsFit } },
 //!   "dims": { "hiddenSize", "vocabSize", "eps", "numLayers" }, "param_names": [...] }
 //! ```
 //! Tap index `i < num_hidden_layers` is the residual after layer i; `i == num_hidden_layers` is
@@ -27,13 +28,62 @@ pub const VARIANTS: [&str; 2] = ["dspark", "dflash"];
 /// The descriptor version this crate writes. Version 1 lacks `dims.numLayers`.
 pub const FORMAT_VERSION: u32 = 2;
 
-/// Calibrated per-position confidence thresholds (`config.sts`).
+/// The calibration block this crate writes (`config.sts.version`). Version 1 (no `version`
+/// key) holds precision thresholds only; version 2 adds sequential temperature scaling fits.
+pub const CALIBRATION_VERSION: u32 = 2;
+
+fn calibration_v1() -> u32 {
+    1
+}
+
+/// Calibration of the confidence head (`config.sts`): per-position pruning thresholds and,
+/// from version 2, the STS temperatures the throughput schedule turns into survivals.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
+    #[serde(default = "calibration_v1")]
+    pub version: u32,
     pub thresholds: Vec<f32>,
     pub target: f32,
     #[serde(default)]
     pub samples: usize,
+    /// STS fitted on greedy runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub greedy: Option<StsFit>,
+    /// STS fitted on sampled runs (acceptance is lower than under greedy decoding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled: Option<StsFit>,
+}
+
+impl Calibration {
+    /// A version-1 block: thresholds only.
+    pub fn thresholds_only(thresholds: Vec<f32>, target: f32, samples: usize) -> Calibration {
+        Calibration { version: 1, thresholds, target, samples, greedy: None, sampled: None }
+    }
+
+    /// The STS fit for greedy or sampled decoding, if calibrated for it.
+    pub fn sts_for(&self, greedy: bool) -> Option<&StsFit> {
+        if greedy {
+            self.greedy.as_ref()
+        } else {
+            self.sampled.as_ref()
+        }
+    }
+}
+
+/// One sequential-temperature-scaling fit and how well it calibrates held-out rounds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StsFit {
+    /// Temperature of the confidence logit per block position.
+    pub temperatures: Vec<f32>,
+    /// Sampling temperature of the runs it was fitted on (0 = greedy).
+    pub sampling_temperature: f32,
+    /// Verify rounds fitted on.
+    pub rounds: usize,
+    /// Expected calibration error (20 bins) of the survival per position on held-out rounds,
+    /// before and after scaling.
+    pub ece_before: Vec<f32>,
+    pub ece_after: Vec<f32>,
 }
 
 /// Module hyper-parameters (`config`).
@@ -130,13 +180,7 @@ impl DSparkConfig {
             Some(other) => return bad(format!("config.seqHead {other:?} is not supported (expected \"markov\")")),
         }
         if let Some(s) = &self.sts {
-            if s.thresholds.len() != self.gamma {
-                return bad(format!(
-                    "config.sts.thresholds has {} entries, expected gamma = {}",
-                    s.thresholds.len(),
-                    self.gamma
-                ));
-            }
+            crate::calibration::check(s, self.gamma).map_err(|d| Error::checkpoint(path, format!("config.{d}")))?;
         }
         Ok(())
     }

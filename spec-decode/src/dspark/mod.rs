@@ -6,6 +6,8 @@ mod fit;
 mod model;
 pub mod train;
 
-pub use config::{param_kind, write_calibration, Calibration, DSparkConfig, Descriptor, Dims, ParamKind};
+pub use config::{
+    param_kind, write_calibration, Calibration, DSparkConfig, Descriptor, Dims, ParamKind, StsFit, CALIBRATION_VERSION,
+};
 pub use fit::fit_bigram_drafter;
 pub use model::DSparkDrafter;

@@ -452,6 +452,10 @@ impl Drafter for DSparkDrafter {
         self.cfg.sts.as_ref().map(|s| s.thresholds.clone())
     }
 
+    fn sts_temperatures(&self, greedy: bool) -> Option<Vec<f32>> {
+        self.cfg.sts.as_ref().and_then(|s| s.sts_for(greedy)).map(|f| f.temperatures.clone())
+    }
+
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {
         self.ctx = None;
         let rows = ctx.ok_or_else(|| Error::Contract("dspark needs the tapped prompt context".into()))?;

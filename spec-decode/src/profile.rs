@@ -1,0 +1,324 @@
+//! The target's verify-cost profile on one device and compute dtype: v(n) = T_verify(n) /
+//! T_decode(1), the time of one verify forward over n tokens (stepwise, tapped, with the LM
+//! head, as the decode loop runs it) over the time of one plain decode step, after the same
+//! context. The throughput schedule weighs expected accepted tokens against it, so it must be
+//! measured where the model runs: `dspark profile` writes it next to the model
+//! (`dspark-profile.json`, one entry per device and dtype) and the loop loads it.
+//!
+//! ```json
+//! { "format": "dspark-verify-profile", "version": 1,
+//!   "profiles": { "cpu-float32": { "cost": [1.02, 1.1, ...], "decodeMs": 9.8, "context": 64,
+//!                                  "taps": [1, 3, 4, 6], "repeats": 7,
+//!                                  "costSampled": [1.1, 1.2, ...], "draft": 0.4, "draftSampled": 0.7 } } }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use gemma4::sampling::SamplerConfig;
+use gemma4::{Model, TapSet};
+use mlx_core::random::KeyChain;
+use mlx_core::{Array, Device};
+use serde::{Deserialize, Serialize};
+
+use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
+use crate::error::{Error, Result};
+
+/// The file next to the model.
+pub const PROFILE_FILE: &str = "dspark-profile.json";
+const FORMAT: &str = "dspark-verify-profile";
+const VERSION: u32 = 1;
+
+/// One measured cost curve.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyProfile {
+    /// v(n) for n = 1, 2, … tokens in the verify window.
+    pub cost: Vec<f32>,
+    /// Median time of one plain decode step, in milliseconds.
+    pub decode_ms: f64,
+    /// The same with the verdict of speculative sampling (T = 1) included: the target's
+    /// probabilities, accept flags and draws grow with the window too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_sampled: Option<Vec<f32>>,
+    /// Tokens in the cache when measured.
+    pub context: usize,
+    /// Tapped layers of the verify forward.
+    pub taps: Vec<usize>,
+    /// Timed repetitions per point (the median is kept).
+    pub repeats: usize,
+    /// What the drafter's proposal of a full block costs, in decode steps, greedy and sampled
+    /// (when profiled with a drafter). A round pays it whatever window it then verifies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_sampled: Option<f32>,
+}
+
+impl VerifyProfile {
+    /// The cost of a round that verifies n tokens, n = 1, 2, …: the proposal (already paid
+    /// when the window is chosen, but part of the round's time) plus v(n) (with the sampled
+    /// verdict for sampled decoding, when profiled), in decode steps.
+    pub fn round_cost(&self, greedy: bool) -> Vec<f32> {
+        let draft = if greedy { self.draft } else { self.draft_sampled }.unwrap_or(0.0);
+        let verify = match (&self.cost_sampled, greedy) {
+            (Some(c), false) if c.len() == self.cost.len() => c,
+            _ => &self.cost,
+        };
+        verify.iter().map(|v| v + draft).collect()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct ProfileFile {
+    format: String,
+    version: u32,
+    profiles: BTreeMap<String, VerifyProfile>,
+}
+
+/// The key of a profile: device and compute dtype (`cpu-float32`, `gpu-bfloat16`).
+pub fn profile_key(device: Device, model: &Model) -> String {
+    let d = match device {
+        Device::Cpu => "cpu",
+        Device::Gpu => "gpu",
+    };
+    format!("{d}-{}", model.dtype().as_str())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Measures v(1..=max_n) after `context` tokens, median of `repeats` timings per point
+/// (interleaved, after one warm-up round), tapped for `drafter`; with a drafter, also what
+/// proposing its full block costs, greedy and sampled (T = 1), in decode steps.
+pub fn measure(
+    model: &Model,
+    mut drafter: Option<&mut dyn Drafter>,
+    max_n: usize,
+    context: usize,
+    repeats: usize,
+) -> Result<VerifyProfile> {
+    let vocab = model.config().vocab_size as u32;
+    if max_n < 2 || repeats == 0 || context < 2 {
+        return Err(Error::Settings {
+            field: "profile",
+            detail: format!(
+                "max_n {max_n}, context {context}, repeats {repeats}: expected max_n ≥ 2, context ≥ 2, repeats ≥ 1"
+            ),
+        });
+    }
+    // Ordinary ids spread over the vocabulary: the cost does not depend on which tokens.
+    let ids = |n: usize, from: usize| -> Result<Array> {
+        let v: Vec<u32> = (0..n).map(|i| 4 + ((from + i) as u32 * 7919) % (vocab.max(5) - 4)).collect();
+        Ok(Array::from_slice(&v, &[1, n as i32])?)
+    };
+    let taps = drafter.as_ref().map_or_else(TapSet::default, |d| d.taps());
+    let prompt: Vec<u32> = (0..context).map(|i| 4 + (i as u32 * 131) % (vocab.max(5) - 4)).collect();
+    let mut pre = crate::decode::prefill(model, &taps, &prompt, 2048)?;
+    // Every timed forward runs on a copy of the prefilled cache (copies share the arrays), so
+    // nothing is rolled back: a wrapped sliding-window ring could not be.
+    let cache = pre.cache().clone();
+    if let Some(d) = drafter.as_deref_mut() {
+        d.reset(pre.take_ctx().as_ref(), pre.committed())?;
+    }
+    let anchor = Array::from_slice(&[pre.pending()], &[1])?;
+    let tapped = (!taps.is_empty()).then_some(&taps);
+    let t1 = SamplerConfig { temperature: 1.0, ..Default::default() };
+    let mut keys = KeyChain::new(0)?;
+    let (mut decode, mut draft, mut draft_sampled) = (Vec::new(), Vec::new(), Vec::new());
+    let mut verify: Vec<Vec<f64>> = vec![Vec::new(); max_n];
+    let mut verify_sampled: Vec<Vec<f64>> = vec![Vec::new(); max_n];
+    for rep in 0..=repeats {
+        let t = Instant::now();
+        let h = model.forward(&ids(1, rep)?, Some(&mut cache.clone()))?;
+        model.logits_from_hidden(&h)?.eval()?;
+        let one = t.elapsed().as_secs_f64();
+        for (n, times) in verify.iter_mut().enumerate() {
+            let n = n + 1;
+            let t = Instant::now();
+            let out = model.forward_stepwise(&ids(n, rep)?, &mut cache.clone(), tapped)?;
+            let logits = model.logits_from_hidden(&out.hidden)?;
+            match &out.taps {
+                Some(rows) => mlx_core::eval(&[&logits, rows])?,
+                None => logits.eval()?,
+            }
+            let dt = t.elapsed().as_secs_f64();
+            if rep > 0 {
+                times.push(dt);
+            }
+            // The same window verified by speculative sampling (T = 1): the forward, the
+            // target's probabilities, the accept flags, residual and bonus draws, one read.
+            let t = Instant::now();
+            let out = model.forward_stepwise(&ids(n, rep)?, &mut cache.clone(), tapped)?;
+            let logits = model.logits_from_hidden(&out.hidden)?.squeeze(0)?; // [n, V]
+            let proposal = (n > 1)
+                .then(|| -> Result<Proposal> {
+                    let tokens = ids(n - 1, rep)?.reshape(&[n as i32 - 1])?.astype(mlx_core::Dtype::U32)?;
+                    let q = logits.slice_axis(0, 0, n as i32 - 1)?.softmax(&[-1], true)?;
+                    Ok(Proposal { tokens, logits: None, q: Some(q), confidence: None })
+                })
+                .transpose()?;
+            let mut stats = crate::SpecStats::default();
+            let rule = crate::rule::VerifyRule::Exact;
+            crate::verify::sampled_verdict(&logits, proposal.as_ref(), &t1, &mut keys, rule, &mut stats)?;
+            if let Some(rows) = &out.taps {
+                rows.eval()?;
+            }
+            let dt = t.elapsed().as_secs_f64();
+            if rep > 0 {
+                verify_sampled[n - 1].push(dt);
+            }
+        }
+        if let Some(d) = drafter.as_deref_mut() {
+            let gamma = d.gamma();
+            for (greedy, times) in [(true, &mut draft), (false, &mut draft_sampled)] {
+                let sampling =
+                    if greedy { DraftSampling::Greedy } else { DraftSampling::Sample { cfg: &t1, keys: &mut keys } };
+                let req = DraftRequest {
+                    anchor: &anchor,
+                    position: cache.offset(),
+                    max_drafts: gamma,
+                    sampling,
+                    target: model,
+                    target_cache: &cache,
+                };
+                let t = Instant::now();
+                let p = d.propose(req)?;
+                let mut outs = vec![&p.tokens];
+                outs.extend(p.q.as_ref());
+                outs.extend(p.confidence.as_ref());
+                mlx_core::eval(&outs)?;
+                if rep > 0 {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+        }
+        if rep > 0 {
+            decode.push(one);
+        }
+    }
+    let one = median(decode);
+    let steps = |t: Vec<f64>| (!t.is_empty()).then(|| (median(t) / one) as f32);
+    Ok(VerifyProfile {
+        cost: verify.into_iter().map(|t| (median(t) / one) as f32).collect(),
+        cost_sampled: Some(verify_sampled.into_iter().map(|t| (median(t) / one) as f32).collect()),
+        decode_ms: one * 1e3,
+        context,
+        taps: taps
+            .points()
+            .iter()
+            .map(|p| match p {
+                gemma4::TapPoint::Layer(i) => *i,
+                gemma4::TapPoint::FinalNorm => model.config().num_hidden_layers,
+            })
+            .collect(),
+        repeats,
+        draft: steps(draft),
+        draft_sampled: steps(draft_sampled),
+    })
+}
+
+fn read_file(path: &Path) -> Result<Option<ProfileFile>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(Error::Io { path: path.to_path_buf(), source }),
+    };
+    let f: ProfileFile =
+        serde_json::from_str(&text).map_err(|e| Error::checkpoint(path, format!("invalid profile: {e}")))?;
+    if f.format != FORMAT || f.version != VERSION {
+        return Err(Error::checkpoint(
+            path,
+            format!("format {:?} version {}: expected {FORMAT:?} version {VERSION}", f.format, f.version),
+        ));
+    }
+    for (key, p) in &f.profiles {
+        if p.cost.len() < 2 || p.cost.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+            return Err(Error::checkpoint(path, format!("profiles.{key}.cost: expected at least 2 positive costs")));
+        }
+        if let Some(c) = &p.cost_sampled {
+            if c.len() != p.cost.len() || c.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+                return Err(Error::checkpoint(
+                    path,
+                    format!("profiles.{key}.costSampled: expected {} positive costs, as many as cost", p.cost.len()),
+                ));
+            }
+        }
+    }
+    Ok(Some(f))
+}
+
+/// The profile stored next to the model for `key`, if any.
+pub fn load(model_dir: &Path, key: &str) -> Result<Option<VerifyProfile>> {
+    Ok(read_file(&model_dir.join(PROFILE_FILE))?.and_then(|mut f| f.profiles.remove(key)))
+}
+
+/// Stores `profile` under `key` next to the model (other keys are kept), atomically.
+pub fn store(model_dir: &Path, key: &str, profile: &VerifyProfile) -> Result<PathBuf> {
+    let path = model_dir.join(PROFILE_FILE);
+    let mut f =
+        read_file(&path)?.unwrap_or(ProfileFile { format: FORMAT.into(), version: VERSION, profiles: BTreeMap::new() });
+    f.profiles.insert(key.to_string(), profile.clone());
+    let body = serde_json::to_string_pretty(&f).map_err(|e| Error::Contract(e.to_string()))? + "\n";
+    let tmp = model_dir.join(format!(".{PROFILE_FILE}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, body).map_err(|source| Error::Io { path: tmp.clone(), source })?;
+    std::fs::rename(&tmp, &path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("dspark-profile-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn profile(cost: Vec<f32>) -> VerifyProfile {
+        VerifyProfile {
+            cost,
+            cost_sampled: None,
+            decode_ms: 10.0,
+            context: 64,
+            taps: vec![1, 2],
+            repeats: 3,
+            draft: Some(0.5),
+            draft_sampled: None,
+        }
+    }
+
+    #[test]
+    fn stores_by_key_and_keeps_the_others() {
+        let d = scratch("keys");
+        assert_eq!(load(&d, "cpu-float32").unwrap(), None, "no file: no profile");
+        store(&d, "cpu-float32", &profile(vec![1.0, 1.1])).unwrap();
+        store(&d, "gpu-bfloat16", &profile(vec![1.0, 1.05, 1.1])).unwrap();
+        assert_eq!(load(&d, "cpu-float32").unwrap().unwrap().cost, vec![1.0, 1.1]);
+        assert_eq!(load(&d, "gpu-bfloat16").unwrap().unwrap().cost.len(), 3);
+        assert_eq!(load(&d, "cpu-bfloat16").unwrap(), None);
+        let p = load(&d, "cpu-float32").unwrap().unwrap();
+        assert_eq!(p.round_cost(true), vec![1.5, 1.6], "the proposal is part of every round");
+        assert_eq!(p.round_cost(false), vec![1.0, 1.1], "not profiled sampled: verify cost only");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn bad_files_are_named() {
+        let d = scratch("bad");
+        std::fs::write(d.join(PROFILE_FILE), "{").unwrap();
+        let e = load(&d, "cpu-float32").unwrap_err().to_string();
+        assert!(e.contains(PROFILE_FILE) && e.contains("invalid profile"), "{e}");
+        let body = r#"{"format":"dspark-verify-profile","version":1,"profiles":{"cpu-float32":
+            {"cost":[1.0,-2.0],"decodeMs":1.0,"context":8,"taps":[],"repeats":1}}}"#;
+        std::fs::write(d.join(PROFILE_FILE), body).unwrap();
+        let e = load(&d, "cpu-float32").unwrap_err().to_string();
+        assert!(e.contains("profiles.cpu-float32.cost"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
