@@ -1,16 +1,31 @@
-//! `dspark calibrate`: fits per-position confidence thresholds for a DSpark drafter from greedy
-//! speculative runs on the target and stores them in the checkpoint (`config.sts`), so
-//! `generate --calibrated` can prune with them.
+//! `dspark calibrate`: makes a drafter's confidence mean probability (DSpark, or DeepSpec with
+//! its confidence head). Speculative runs on
+//! held-out prompts (greedy and sampled: acceptance differs) give, per verify round, the
+//! confidence logits of the drafts and how many were accepted. From them:
+//! - sequential temperature scaling (STS) per mode, fitted on half of the prompts and reported
+//!   on the other half (ECE, AUROC and Brier score of the survival per block position, before
+//!   and after), for the throughput schedule;
+//! - per-position precision thresholds (greedy rounds), for `--calibrated` pruning;
+//! - a reliability diagram (PNG).
+//!
+//! The result is stored in the checkpoint: `config.sts` (version 2) of a DSpark `dspark.json`,
+//! or the `dspark-calibration.json` sidecar of a DeepSpec checkpoint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use gemma4::generate::GenerateConfig;
+use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::Model;
 use spec_decode::calibration::fit_thresholds;
-use spec_decode::dspark::{write_calibration, Calibration, DSparkDrafter};
-use spec_decode::{speculative_generate, Drafter, Pruning, SpecConfig};
+use spec_decode::dspark::{Calibration, StsFit, CALIBRATION_VERSION};
+use spec_decode::loader::{is_calibrated, load_drafter, write_calibration};
+use spec_decode::reliability::{auroc, brier, ece, reliability_bins};
+use spec_decode::sts::{rounds_from_samples, RoundSample, Sts, ECE_BINS};
+use spec_decode::{speculative_generate, Pruning, SpecConfig};
+
+use crate::plot::ReliabilityPanel;
 
 /// The most synthetic prompts one run may ask for.
 pub const MAX_PROMPTS: usize = 100_000;
@@ -18,6 +33,8 @@ pub const MAX_PROMPTS: usize = 100_000;
 const SYNTHETIC_PROMPT_LEN: u32 = 8;
 /// Ids below this are left out of synthetic prompts (pad, eos, bos, unk in Gemma vocabularies).
 const FIRST_ORDINARY_ID: u32 = 4;
+/// Seed of the default model's calibration prompts (heads of validation-split files).
+const PROMPT_SEED: u64 = 0xca1b;
 
 /// Arguments of `dspark calibrate`. Numeric options accept negative values at parse time so the
 /// range checks can say what is allowed.
@@ -26,25 +43,38 @@ pub struct Args {
     /// Target checkpoint (default: the embedded default model).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// DSpark drafter checkpoint to calibrate (`default`: the embedded default drafter).
+    /// Drafter checkpoint to calibrate, DSpark or DeepSpec with a confidence head (`default`:
+    /// the embedded default drafter, which needs --out).
     #[arg(long)]
     drafter: String,
-    /// One prompt per line (text, through the target's tokenizer). Without it, synthetic
-    /// token prompts are used.
+    /// Write the calibrated drafter here (a copy) instead of into --drafter.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Prompts, one a line: plain text or JSON `{"prompt": "..."}` (through the target's
+    /// tokenizer; the first --prompts are used). Without it: heads of
+    /// validation-split standard-library files for the default model, synthetic token prompts
+    /// for others.
     #[arg(long)]
     prompt_file: Option<PathBuf>,
-    /// Number of synthetic prompts (1 to 100000).
-    #[arg(long, default_value_t = 32, allow_negative_numbers = true)]
+    /// Number of prompts (1 to 100000; the default model's validation split has about 70).
+    #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
     prompts: usize,
     /// Tokens generated per prompt (at least 1).
     #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
     tokens: usize,
-    /// Target precision: P(accepted | confidence ≥ threshold), in (0, 1].
+    /// Sampling temperatures to calibrate for, comma-separated: 0 is greedy; one positive
+    /// temperature gives the sampled fit.
+    #[arg(long, default_value = "0,1", value_delimiter = ',', allow_negative_numbers = true)]
+    temperatures: Vec<f64>,
+    /// Precision of the pruning thresholds: P(accepted | confidence ≥ threshold), in (0, 1].
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     target: f32,
-    /// Positions with fewer samples are never pruned.
+    /// Positions with fewer samples are never pruned and keep T = 1.
     #[arg(long, default_value_t = 50, allow_negative_numbers = true)]
     min_samples: usize,
+    /// The reliability diagram (default: reliability.png in the calibrated drafter's directory).
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Replace an existing calibration.
     #[arg(long)]
     force: bool,
@@ -58,14 +88,29 @@ fn check_flags(a: &Args) -> Result<()> {
     if a.tokens == 0 {
         bail!("--tokens 0: expected at least 1 token per prompt");
     }
-    if a.prompt_file.is_none() && !(1..=MAX_PROMPTS).contains(&a.prompts) {
-        bail!("--prompts {}: expected 1 to {MAX_PROMPTS} synthetic prompts", a.prompts);
+    if !(1..=MAX_PROMPTS).contains(&a.prompts) {
+        bail!("--prompts {}: expected 1 to {MAX_PROMPTS} prompts", a.prompts);
+    }
+    if let Some(t) = a.temperatures.iter().find(|t| !(t.is_finite() && **t >= 0.0)) {
+        bail!("--temperatures: {t} is not a temperature (expected 0 for greedy, or positive)");
+    }
+    let (greedy, sampled) =
+        (a.temperatures.iter().filter(|t| **t == 0.0).count(), a.temperatures.iter().filter(|t| **t > 0.0).count());
+    if greedy > 1 || sampled > 1 || greedy + sampled == 0 {
+        bail!("--temperatures {:?}: expected 0 (greedy), one positive temperature (sampled), or both", a.temperatures);
     }
     if a.drafter == "default" {
         if let Some(m) = &a.model {
             bail!(
-                "--drafter default is the embedded default model's drafter and is only calibrated against that model,                  not --model {}; copy it (the path `dspark init-default` prints) and pass the copy as --drafter, or                  pass your own drafter directory",
+                "--drafter default is the embedded default model's drafter and is only calibrated against that model, \
+                 not --model {}; pass your own drafter directory",
                 m.display()
+            );
+        }
+        if a.out.is_none() {
+            bail!(
+                "--drafter default: the embedded drafter is not changed in place (it ships calibrated); \
+                 pass --out DIR for a recalibrated copy"
             );
         }
     }
@@ -92,13 +137,127 @@ pub fn synthetic_prompts(vocab: usize, count: usize, len: u32) -> Result<Vec<Vec
     Ok((0..count).map(|i| (0..len).map(|j| id(i, j)).collect()).collect())
 }
 
+/// Reliability of the survival at each block position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PositionReport {
+    pub rounds: usize,
+    pub ece: f64,
+    pub auroc: Option<f64>,
+    pub brier: f64,
+}
+
+/// Per-position reliability of `sts` on `rounds` (positions 0..gamma).
+pub fn report(sts: &Sts, rounds: &[RoundSample], gamma: usize) -> Vec<PositionReport> {
+    (0..gamma)
+        .map(|k| {
+            let (p, y) = sts.position_outcomes(rounds, k);
+            PositionReport { rounds: p.len(), ece: ece(&p, &y, ECE_BINS), auroc: auroc(&p, &y), brier: brier(&p, &y) }
+        })
+        .collect()
+}
+
+/// A mode's calibration: the fit and its held-out reports.
+struct ModeFit {
+    label: String,
+    fit: StsFit,
+    before: Vec<PositionReport>,
+    after: Vec<PositionReport>,
+    held_out: Vec<RoundSample>,
+    sts: Sts,
+}
+
+fn print_table(m: &ModeFit) {
+    println!("\n{} — {} rounds fitted, {} held out", m.label, m.fit.rounds, m.held_out.len());
+    println!(
+        "| position | T | rounds | ECE before | ECE after | AUROC before | AUROC after | Brier before | Brier after |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let au = |x: Option<f64>| x.map_or_else(|| "—".to_string(), |v| format!("{v:.3}"));
+    for (k, (b, a)) in m.before.iter().zip(&m.after).enumerate() {
+        println!(
+            "| {} | {:.2} | {} | {:.2}% | {:.2}% | {} | {} | {:.4} | {:.4} |",
+            k + 1,
+            m.fit.temperatures[k],
+            b.rounds,
+            100.0 * b.ece,
+            100.0 * a.ece,
+            au(b.auroc),
+            au(a.auroc),
+            b.brier,
+            a.brier
+        );
+    }
+}
+
+fn panel(title: String, sts: &Sts, rounds: &[RoundSample], gamma: usize) -> ReliabilityPanel {
+    let positions = (0..gamma)
+        .map(|k| {
+            let (p, y) = sts.position_outcomes(rounds, k);
+            // Bins of fewer than 10 rounds are noise.
+            reliability_bins(&p, &y, 10).into_iter().filter(|b| b.2 >= 10).map(|b| (b.0, b.1)).collect()
+        })
+        .collect();
+    ReliabilityPanel { title, positions }
+}
+
+fn load_prompts(
+    a: &Args,
+    model: &Model,
+    model_dir: &Path,
+    default_model: bool,
+) -> Result<(Vec<Vec<u32>>, Option<Tokenizer>)> {
+    // Text prompts need the tokenizer; otherwise it is read (if the checkpoint has one) only for
+    // the end-of-sequence fallback when the config names no eos ids.
+    let needs_tokenizer = a.prompt_file.is_some()
+        || default_model
+        || (model.config().eos_token_ids.is_empty() && model_dir.join("tokenizer.json").is_file());
+    let tok = if needs_tokenizer { Some(Tokenizer::from_dir(model_dir)?) } else { None };
+    let prompts: Vec<Vec<u32>> = match (&a.prompt_file, &tok) {
+        (Some(f), Some(tok)) => train::regen::read_inputs(f, "prompt")
+            .with_context(|| format!("--prompt-file {}", f.display()))?
+            .iter()
+            .take(a.prompts)
+            .map(|l| tok.encode(l, true))
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("--prompt-file {}", f.display()))?,
+        (None, Some(tok)) if default_model => {
+            let heads = train::prompts::stdlib_heads(train::corpus::Split::Validation, a.prompts, PROMPT_SEED)
+                .context("cutting calibration prompts (pass --prompt-file, or fewer --prompts)")?;
+            heads.iter().map(|p| tok.encode(&p.text, true)).collect::<Result<_, _>>()?
+        }
+        _ => synthetic_prompts(model.config().vocab_size, a.prompts, SYNTHETIC_PROMPT_LEN)?,
+    };
+    if prompts.is_empty() {
+        bail!("no prompts: the prompt file has no non-blank lines");
+    }
+    Ok((prompts, tok))
+}
+
+/// Copies a drafter checkpoint's files into `out` (created; an existing non-empty `out` must
+/// be the drafter itself or is refused).
+fn copy_drafter(from: &Path, out: &Path) -> Result<()> {
+    if out.exists() && std::fs::read_dir(out)?.next().is_some() {
+        bail!("--out {}: exists and is not empty", out.display());
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        if e.path().is_file() {
+            std::fs::copy(e.path(), out.join(e.file_name()))
+                .with_context(|| format!("copying {} to {}", e.path().display(), out.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs the subcommand: flags are checked first, then the speculative runs, then the
-/// thresholds are written into the drafter checkpoint.
+/// calibration is written into the drafter checkpoint.
 pub fn run(a: Args) -> Result<()> {
     check_flags(&a)?;
     if let Some(m) = &a.model {
         crate::paths::refuse_drafter_as_model(m, "--model")?;
     }
+    let default_model = a.model.is_none();
     let model_dir = match &a.model {
         Some(d) => d.clone(),
         None => crate::default_model::ensure(false)?,
@@ -106,54 +265,101 @@ pub fn run(a: Args) -> Result<()> {
     let model = Model::load_as(&model_dir, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
         .map(|m| m.0)
         .with_context(|| format!("loading {}", model_dir.display()))?;
-    // Text prompts need the tokenizer; otherwise it is read (if the checkpoint has one) only for
-    // the end-of-sequence fallback when the config names no eos ids.
-    let needs_tokenizer = a.prompt_file.is_some()
-        || (model.config().eos_token_ids.is_empty() && model_dir.join("tokenizer.json").is_file());
-    let tok = if needs_tokenizer { Some(Tokenizer::from_dir(&model_dir)?) } else { None };
-    let prompts: Vec<Vec<u32>> = match (&a.prompt_file, &tok) {
-        (Some(f), Some(tok)) => {
-            let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-            text.lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(|l| tok.encode(l, true))
-                .collect::<Result<_, _>>()
-                .with_context(|| format!("--prompt-file {}", f.display()))?
-        }
-        _ => synthetic_prompts(model.config().vocab_size, a.prompts, SYNTHETIC_PROMPT_LEN)?,
-    };
-    let ddir =
+    let (prompts, tok) = load_prompts(&a, &model, &model_dir, default_model)?;
+    let src =
         if a.drafter == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(&a.drafter) };
-    let mut drafter = DSparkDrafter::load(&ddir, model.config())
-        .with_context(|| format!("loading the DSpark drafter in {}", ddir.display()))?;
-    if drafter.config().sts.is_some() && !a.force {
-        bail!("{} already has calibrated thresholds — pass --force to recalibrate", ddir.display());
+    let mut drafter =
+        load_drafter(&src, model.config()).with_context(|| format!("loading the drafter in {}", src.display()))?;
+    if !drafter.has_confidence() {
+        bail!("{}: {} has no confidence head, so there is nothing to calibrate", src.display(), drafter.name());
     }
-    if prompts.is_empty() {
-        bail!("no prompts: the prompt file has no non-blank lines");
+    if is_calibrated(&src)? && !a.force && a.out.is_none() {
+        bail!("{} is already calibrated — pass --force to recalibrate", src.display());
     }
     let gamma = drafter.gamma();
-    let cfg = SpecConfig {
-        generate: GenerateConfig {
-            max_tokens: a.tokens,
-            stop_tokens: stop_tokens(model.config(), tok.as_ref()),
-            ..Default::default()
-        },
-        gamma: Some(gamma),
-        // Active with no threshold: confidences are read, nothing is pruned.
-        pruning: Pruning::Thresholds(vec![]),
-    };
-    let mut samples = Vec::new();
-    for (i, p) in prompts.iter().enumerate() {
-        let out = speculative_generate(&model, &mut drafter, p, &cfg, |_| {})?;
-        samples.extend(out.conf_samples);
-        eprintln!("calibrate: prompt {}/{}: {} samples so far", i + 1, prompts.len(), samples.len());
+    let mut modes: Vec<ModeFit> = Vec::new();
+    // Per-position samples for the pruning thresholds: greedy rounds when calibrating greedy.
+    let mut threshold_samples = Vec::new();
+    for &temperature in &a.temperatures {
+        let label = if temperature == 0.0 { "greedy".to_string() } else { format!("sampled, T = {temperature}") };
+        let cfg = SpecConfig {
+            generate: GenerateConfig {
+                max_tokens: a.tokens,
+                stop_tokens: stop_tokens(model.config(), tok.as_ref()),
+                sampler: SamplerConfig { temperature, ..Default::default() },
+                ..Default::default()
+            },
+            gamma: Some(gamma),
+            // Active with no threshold: confidences are read, nothing is pruned.
+            pruning: Pruning::Thresholds(vec![]),
+        };
+        // Prompts alternate between the fitting half and the held-out half.
+        let (mut fit_rounds, mut held_out) = (Vec::new(), Vec::new());
+        for (i, p) in prompts.iter().enumerate() {
+            let cfg = SpecConfig { generate: GenerateConfig { seed: i as u64, ..cfg.generate.clone() }, ..cfg.clone() };
+            let out = speculative_generate(&model, drafter.as_mut(), p, &cfg, |_| {})
+                .with_context(|| format!("calibration run {label}, prompt {}", i + 1))?;
+            let rounds = rounds_from_samples(&out.conf_samples);
+            if i % 2 == 0 { &mut fit_rounds } else { &mut held_out }.extend(rounds);
+            if temperature == 0.0 || !a.temperatures.contains(&0.0) {
+                threshold_samples.extend(out.conf_samples);
+            }
+            eprintln!(
+                "calibrate ({label}): prompt {}/{}, {} rounds",
+                i + 1,
+                prompts.len(),
+                fit_rounds.len() + held_out.len()
+            );
+        }
+        if held_out.is_empty() {
+            bail!("{label}: no held-out rounds; calibration needs at least 2 prompts");
+        }
+        let sts = Sts::fit(&fit_rounds, gamma, a.min_samples);
+        let before = report(&Sts::identity(gamma), &held_out, gamma);
+        let after = report(&sts, &held_out, gamma);
+        let fit = StsFit {
+            temperatures: sts.temperatures.clone(),
+            sampling_temperature: temperature as f32,
+            rounds: fit_rounds.len(),
+            ece_before: before.iter().map(|r| r.ece as f32).collect(),
+            ece_after: after.iter().map(|r| r.ece as f32).collect(),
+        };
+        let m = ModeFit { label, fit, before, after, held_out, sts };
+        print_table(&m);
+        modes.push(m);
     }
-    let thresholds = fit_thresholds(&samples, gamma, a.target, a.min_samples);
-    let cal = Calibration { thresholds: thresholds.clone(), target: a.target, samples: samples.len() };
-    write_calibration(&ddir, &cal, a.force)?;
-    println!("thresholds by block position: {thresholds:?} ({} samples, target {})", samples.len(), a.target);
-    println!("written to {}", ddir.join("dspark.json").display());
+    let thresholds = fit_thresholds(&threshold_samples, gamma, a.target, a.min_samples);
+    let mode =
+        |greedy: bool| modes.iter().find(|m| (m.fit.sampling_temperature == 0.0) == greedy).map(|m| m.fit.clone());
+    let cal = Calibration {
+        version: CALIBRATION_VERSION,
+        thresholds: thresholds.clone(),
+        target: a.target,
+        samples: threshold_samples.len(),
+        greedy: mode(true),
+        sampled: mode(false),
+    };
+    let dest = match &a.out {
+        Some(out) => {
+            copy_drafter(&src, out)?;
+            out.clone()
+        }
+        None => src.clone(),
+    };
+    write_calibration(&dest, &cal)?;
+    println!("\npruning thresholds by block position (precision {}): {thresholds:?}", a.target);
+    println!("calibration written to {}", dest.display());
+
+    let mut panels = Vec::new();
+    for m in &modes {
+        panels.push(panel(format!("{}: raw confidence", m.label), &Sts::identity(gamma), &m.held_out, gamma));
+        panels.push(panel(format!("{}: after STS", m.label), &m.sts, &m.held_out, gamma));
+    }
+    let png = a.plot.clone().unwrap_or_else(|| dest.join("reliability.png"));
+    let title = format!("{}: survival vs all-accepted, held-out rounds", drafter.name());
+    if crate::plot::reliability(&png, &title, &panels, 2)? {
+        println!("reliability diagram: {}", png.display());
+    }
     Ok(())
 }
 

@@ -73,6 +73,11 @@ pub struct Args {
     /// Prune with the drafter checkpoint's calibrated per-position thresholds. Needs a drafter.
     #[arg(long)]
     calibrated: bool,
+    /// How many drafts a round verifies: `throughput` weighs calibrated survivals against the
+    /// measured verify cost (`dspark calibrate`, `dspark profile`); `full` verifies the whole
+    /// block; `auto` is throughput when both are available. Needs a drafter.
+    #[arg(long, value_enum, default_value = "auto")]
+    schedule: crate::schedule::Schedule,
     /// Render --prompt as a one-message user conversation, as `dspark serve`'s
     /// /v1/chat/completions does (the tokenizer's chat template, if it has one).
     #[arg(long)]
@@ -116,6 +121,7 @@ pub fn run(a: Args) -> Result<()> {
             (a.gamma.is_some(), "--gamma"),
             (a.min_conf.is_some(), "--min-conf"),
             (a.calibrated, "--calibrated"),
+            (a.schedule == crate::schedule::Schedule::Throughput, "--schedule throughput"),
             (a.compare, "--compare"),
         ] {
             if set {
@@ -176,10 +182,19 @@ pub fn run(a: Args) -> Result<()> {
     if !a.stop.is_empty() && text_out.is_none() {
         bail!("--stop matches decoded text; it needs a text --prompt");
     }
-    let pruning = match (a.min_conf, a.calibrated) {
-        (Some(c), _) => spec_decode::Pruning::MinConf(c),
-        (None, true) => spec_decode::Pruning::Calibrated,
-        (None, false) => spec_decode::Pruning::Off,
+    let manual = match (a.min_conf, a.calibrated) {
+        (Some(c), _) => Some(spec_decode::Pruning::MinConf(c)),
+        (None, true) => Some(spec_decode::Pruning::Calibrated),
+        (None, false) => None,
+    };
+    let pruning = match &drafter {
+        Some(d) => {
+            let greedy = cfg.sampler.is_greedy();
+            let (p, line) = crate::schedule::choose(a.schedule, manual, d.as_ref(), &model, &dir, a.device, greedy)?;
+            eprintln!("dspark: {line}");
+            p
+        }
+        None => spec_decode::Pruning::Off,
     };
     let req = Request { prompt: prompt.clone(), generate: cfg.clone(), stop: a.stop.clone(), gamma: a.gamma, pruning };
     // The server's decoding path: the same session type, run to the end here.

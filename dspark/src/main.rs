@@ -4,8 +4,8 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use dspark::{
-    calibrate, default_model, doctor, eval_drafter, generate, quantize_drafter, quantize_target, regen, serve, train,
-    train_target,
+    calibrate, default_model, doctor, eval_drafter, generate, profile, quantize_drafter, quantize_target, regen, serve,
+    train, train_target,
 };
 
 #[derive(Parser)]
@@ -36,6 +36,8 @@ enum Cmd {
     EvalDrafter(eval_drafter::Args),
     /// Report MLX, devices, the BLAS behind f32 matmuls (timed) and what --dtype auto picks.
     Doctor(doctor::Args),
+    /// Measure the target's verify cost v(n) on this device and dtype, for `--schedule`.
+    Profile(profile::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (/v1/completions,
     /// /v1/chat/completions), decoding speculatively with --drafter.
     Serve(serve::Args),
@@ -58,6 +60,7 @@ fn main() -> Result<()> {
         Cmd::TrainTarget(args) => train_target::run(args),
         Cmd::EvalDrafter(args) => eval_drafter::run(args),
         Cmd::Doctor(args) => doctor::run(args),
+        Cmd::Profile(args) => profile::run(args),
         Cmd::Serve(args) => serve::run(args),
         Cmd::InitDefault { force } => {
             let dir = default_model::ensure(force)?;

@@ -1,7 +1,8 @@
-//! The bench's PNG: verify cost v(k) for each compute path (stepwise and batched), next to the
-//! k = v(k) line where speculation cannot pay, drawn with plotters' bitmap backend. Text is
-//! rendered with ab_glyph from a system TrueType font (DejaVu Sans or Liberation Sans); with
-//! none installed the plot is skipped with a message, since the numbers are also in bench.json.
+//! PNG plots, drawn with plotters' bitmap backend: the bench's verify cost v(k) per compute
+//! path next to the k = v(k) line where speculation cannot pay, and calibration's reliability
+//! diagram. Text is rendered with ab_glyph from a system TrueType font (DejaVu Sans or
+//! Liberation Sans); with none installed a plot is skipped with a message, since its numbers
+//! are also printed and stored.
 
 use std::path::{Path, PathBuf};
 
@@ -23,6 +24,16 @@ fn register_font() -> Option<PathBuf> {
     Some(path)
 }
 
+/// Registers the font once; says (once per call) when there is none.
+fn font_available() -> bool {
+    static FONT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    let found = FONT.get_or_init(register_font).is_some();
+    if !found {
+        eprintln!("dspark: no TrueType font found (looked for {FONTS:?}); skipping the PNG");
+    }
+    found
+}
+
 /// One curve: its label and v(1..=n).
 pub struct Curve {
     pub label: String,
@@ -31,8 +42,7 @@ pub struct Curve {
 
 /// Writes the v(k) plot; `Ok(false)` when no font was found (nothing written).
 pub fn verify_cost(path: &Path, title: &str, curves: &[Curve]) -> Result<bool> {
-    if register_font().is_none() {
-        eprintln!("bench: no TrueType font found (looked for {FONTS:?}); skipping the PNG");
+    if !font_available() {
         return Ok(false);
     }
     let kmax = curves.iter().map(|c| c.values.len()).max().unwrap_or(1).max(1);
@@ -75,6 +85,62 @@ pub fn verify_cost(path: &Path, title: &str, curves: &[Curve]) -> Result<bool> {
         .border_style(BLACK)
         .draw()
         .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(true)
+}
+
+/// One panel of a reliability diagram: per block position, the (mean predicted survival,
+/// observed frequency) of each non-empty bin.
+pub struct ReliabilityPanel {
+    pub title: String,
+    pub positions: Vec<Vec<(f64, f64)>>,
+}
+
+/// Writes a reliability diagram: panels side by side in rows of `columns`, each with the
+/// diagonal (perfect calibration) and one line per block position. `Ok(false)` without a font.
+pub fn reliability(path: &Path, title: &str, panels: &[ReliabilityPanel], columns: usize) -> Result<bool> {
+    if !font_available() {
+        return Ok(false);
+    }
+    let columns = columns.max(1);
+    let rows = panels.len().div_ceil(columns).max(1);
+    let root = BitMapBackend::new(path, (380 * columns as u32, 360 * rows as u32 + 40)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let root = root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?;
+    for (panel, area) in panels.iter().zip(root.split_evenly((rows, columns))) {
+        let mut chart = ChartBuilder::on(&area)
+            .caption(&panel.title, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(44)
+            .build_cartesian_2d(0f64..1f64, 0f64..1f64)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("predicted survival")
+            .y_desc("observed: all accepted")
+            .draw()
+            .map_err(|e| err(&e))?;
+        chart.draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.4))).map_err(|e| err(&e))?;
+        for (k, points) in panel.positions.iter().enumerate() {
+            let color = Palette99::pick(k).to_rgba();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(format!("position {}", k + 1))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
     root.present().map_err(|e| err(&e))?;
     Ok(true)
 }

@@ -51,6 +51,11 @@ pub struct Args {
     /// Compute dtype, as for `dspark generate` (auto: f32 on the CPU when it fits).
     #[arg(long, default_value = "auto")]
     dtype: gemma4::ComputeDtype,
+    /// Verify windows: `auto` uses the throughput schedule for requests of a mode the drafter
+    /// is calibrated for when the model has a verify-cost profile for this device (`dspark
+    /// calibrate`, `dspark profile`); `full` verifies whole blocks.
+    #[arg(long, value_enum, default_value = "auto")]
+    schedule: crate::schedule::Schedule,
 }
 
 /// Loads the model (and drafters), then serves until SIGINT/SIGTERM.
@@ -83,6 +88,13 @@ pub fn run(a: Args) -> Result<()> {
     cfg.prompt_cache = a.prompt_cache;
     cfg.prefill_step = a.prefill_step;
     cfg.dtype = a.dtype;
+    cfg.throughput_schedule = match a.schedule {
+        crate::schedule::Schedule::Auto => true,
+        crate::schedule::Schedule::Full => false,
+        crate::schedule::Schedule::Throughput => {
+            bail!("--schedule throughput: the server uses it per request mode where it can (auto) — pass auto or full")
+        }
+    };
     eprintln!("dspark serve: loading {}", dir.display());
     let engine = Engine::start(cfg).with_context(|| format!("starting the engine on {}", dir.display()))?;
     let info = engine.info();

@@ -170,8 +170,81 @@ fn calibrate_refuses_the_default_drafter_for_another_model() {
     let model = write_target(&sc.join("model"));
     let home = sc.join("home");
     let r = dspark(&home, &["calibrate", "--model", s(&model), "--drafter", "default", "--force"]);
-    fails_with(&r, &["--drafter default", "copy it", "--drafter"]);
+    fails_with(&r, &["--drafter default", "pass your own drafter directory"]);
+    // The embedded drafter is never recalibrated in place.
+    let r = dspark(&home, &["calibrate", "--drafter", "default", "--force"]);
+    fails_with(&r, &["--drafter default", "--out DIR"]);
     assert!(!home.exists(), "the default drafter must be neither written nor refitted");
+}
+
+#[test]
+fn calibrate_profile_and_the_throughput_schedule_end_to_end() {
+    let sc = Scratch::create("calibrate-e2e");
+    let model = write_target(&sc.join("model"));
+    let drafter = write_drafter(&sc.join("drafter"));
+    let home = sc.join("home");
+    let ok = |r: &Output| {
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        String::from_utf8_lossy(&r.stdout).into_owned()
+    };
+    for (flags, msg) in [
+        (&["--temperatures", "0,0"][..], "expected 0 (greedy), one positive temperature"),
+        (&["--temperatures", "-1"], "-1 is not a temperature"),
+    ] {
+        let mut args = vec!["calibrate", "--model", s(&model), "--drafter", s(&drafter)];
+        args.extend_from_slice(flags);
+        fails_with(&dspark(&home, &args), &[msg]);
+    }
+    // Without a profile and a calibration, --schedule throughput says what is missing.
+    let gen = ["generate", "--model", s(&model), "--drafter", s(&drafter), "--tokens", "5 6 7", "--max-tokens", "24"];
+    let r = dspark(&home, &[&gen[..], &["--schedule", "throughput"]].concat());
+    fails_with(&r, &["no STS temperatures for greedy decoding", "dspark calibrate", "dspark profile"]);
+
+    let out = ok(&dspark(
+        &home,
+        &[
+            "calibrate",
+            "--model",
+            s(&model),
+            "--drafter",
+            s(&drafter),
+            "--prompts",
+            "6",
+            "--tokens",
+            "24",
+            "--min-samples",
+            "5",
+        ],
+    ));
+    assert!(out.contains("ECE before") && out.contains("sampled, T = 1"), "{out}");
+    let d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(drafter.join("dspark.json")).unwrap()).unwrap();
+    let sts = &d["config"]["sts"];
+    assert_eq!(sts["version"], 2);
+    for mode in ["greedy", "sampled"] {
+        let t = sts[mode]["temperatures"].as_array().expect("temperatures");
+        assert_eq!(t.len(), d["config"]["gamma"].as_u64().unwrap() as usize);
+        assert!(t.iter().all(|t| t.as_f64().unwrap() > 0.0));
+    }
+    let r = dspark(&home, &["calibrate", "--model", s(&model), "--drafter", s(&drafter)]);
+    fails_with(&r, &["already calibrated", "--force"]);
+
+    let out = ok(&dspark(&home, &["profile", "--model", s(&model), "--drafter", s(&drafter), "--repeats", "1"]));
+    assert!(out.contains("| 2 |") && model.join("dspark-profile.json").is_file(), "{out}");
+
+    let plain = ok(&dspark(&home, &["generate", "--model", s(&model), "--tokens", "5 6 7", "--max-tokens", "24"]));
+    let r = dspark(&home, &[&gen[..], &["--schedule", "throughput"]].concat());
+    assert_eq!(ok(&r), plain, "greedy output under the throughput schedule");
+    assert!(String::from_utf8_lossy(&r.stderr).contains("throughput schedule (greedy STS"));
+    // auto picks it too; --min-conf overrides it, and cannot be combined with it.
+    let r = dspark(&home, &gen);
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("throughput schedule"),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let r = dspark(&home, &[&gen[..], &["--schedule", "throughput", "--min-conf", "0.5"]].concat());
+    fails_with(&r, &["--schedule throughput chooses the window itself"]);
 }
 
 #[test]

@@ -24,7 +24,7 @@ use std::time::Instant;
 use gemma4::chat_template::ChatTemplate;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::{ComputeDtype, Model, TextConfig};
-use spec_decode::Drafter;
+use spec_decode::{Drafter, Pruning};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::{Error, Result};
@@ -50,6 +50,10 @@ pub struct EngineConfig {
     pub gamma: Option<usize>,
     /// The compute dtype the model is loaded in (see `gemma4::compute`).
     pub dtype: ComputeDtype,
+    /// Verify windows by the throughput schedule for requests of a mode (greedy or sampled)
+    /// the drafter is calibrated for, when the model has a verify-cost profile for this device
+    /// and dtype (`dspark calibrate`, `dspark profile`); full blocks otherwise.
+    pub throughput_schedule: bool,
     /// Tests only: a request whose prompt holds this token panics in the worker, to show that
     /// an internal failure answers 500 and the worker goes on.
     #[cfg(feature = "testing")]
@@ -69,6 +73,7 @@ impl EngineConfig {
             prompt_cache: 8,
             gamma: None,
             dtype: ComputeDtype::Stored,
+            throughput_schedule: true,
             #[cfg(feature = "testing")]
             panic_on_token: None,
         }
@@ -261,7 +266,47 @@ fn guarded<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(Error::Panicked(panic_message(p))))
 }
 
-fn load(cfg: &EngineConfig) -> Result<(Model, Vec<Box<dyn Drafter>>)> {
+/// Throughput-schedule plans for greedy and for sampled requests, where calibrated and profiled.
+type Plans = [Option<spec_decode::ThroughputPlan>; 2];
+
+fn plans(cfg: &EngineConfig, model: &Model, drafter: Option<&dyn Drafter>, device: mlx_core::Device) -> Result<Plans> {
+    let mut plans: Plans = [None, None];
+    let Some(d) = drafter.filter(|_| cfg.throughput_schedule) else { return Ok(plans) };
+    let key = spec_decode::profile::profile_key(device, model);
+    let profile = spec_decode::profile::load(&cfg.model_dir, &key)
+        .map_err(|e| Error::Load { path: cfg.model_dir.clone(), detail: e.to_string() })?;
+    for (slot, greedy) in plans.iter_mut().zip([true, false]) {
+        if let (Some(t), Some(p)) = (d.sts_temperatures(greedy), &profile) {
+            *slot = Some(spec_decode::ThroughputPlan::new(t, p.round_cost(greedy)));
+        }
+        let mode = if greedy { "greedy" } else { "sampled" };
+        let how = match (&slot, &profile) {
+            (Some(_), _) => format!("throughput schedule (profile {key})"),
+            (None, None) => format!("full blocks (no verify-cost profile for {key}: `dspark profile`)"),
+            (None, Some(_)) => format!("full blocks (the drafter has no {mode} calibration: `dspark calibrate`)"),
+        };
+        eprintln!("dspark serve: {mode} requests: {how}");
+    }
+    Ok(plans)
+}
+
+/// The request as decoded: one that asks for no pruning gets the engine's schedule for its mode.
+fn scheduled(req: &Request, plans: &Plans) -> Request {
+    let plan = &plans[usize::from(!req.generate.sampler.is_greedy())];
+    match (&req.pruning, plan) {
+        (Pruning::Off, Some(p)) => Request { pruning: Pruning::Throughput(p.clone()), ..req.clone() },
+        _ => req.clone(),
+    }
+}
+
+/// What the worker serves with: the target, one drafter per session slot, the schedules.
+struct Loaded {
+    model: Model,
+    drafters: Vec<Box<dyn Drafter>>,
+    plans: Plans,
+}
+
+fn load(cfg: &EngineConfig) -> Result<Loaded> {
     let load_err = |e: gemma4::Error| Error::Load { path: cfg.model_dir.clone(), detail: e.to_string() };
     let device = mlx_core::Device::default_device().map_err(|e| load_err(e.into()))?;
     let (model, _) = Model::load_as(&cfg.model_dir, cfg.dtype, device).map_err(load_err)?;
@@ -275,7 +320,8 @@ fn load(cfg: &EngineConfig) -> Result<(Model, Vec<Box<dyn Drafter>>)> {
         // Refuse a bad gamma now rather than on every request.
         spec_decode::SpecConfig { gamma: cfg.gamma, ..Default::default() }.gamma_for(drafters[0].as_ref())?;
     }
-    Ok((model, drafters))
+    let plans = plans(cfg, &model, drafters.first().map(|d| d.as_ref()), device)?;
+    Ok(Loaded { model, drafters, plans })
 }
 
 fn log_done(label: &str, o: &Outcome, wall_ms: f64) {
@@ -298,7 +344,7 @@ fn worker(
     rx: Receiver<Job>,
     ready: mpsc::SyncSender<Result<()>>,
 ) {
-    let (model, mut drafters) = match guarded(|| load(&cfg)) {
+    let Loaded { model, mut drafters, plans } = match guarded(|| load(&cfg)) {
         Ok(m) => {
             let _ = ready.send(Ok(()));
             m
@@ -347,7 +393,7 @@ fn worker(
                 if cfg.panic_on_token.is_some_and(|t| job.request.prompt.contains(&t)) {
                     panic!("injected fault (testing)");
                 }
-                Session::start(model, drafter, &job.request, tok, Some(&mut cache))
+                Session::start(model, drafter, &scheduled(&job.request, &plans), tok, Some(&mut cache))
             }) {
                 Ok(session) => {
                     inc(&n.active);

@@ -1,0 +1,89 @@
+//! `dspark profile`: measures the target's verify cost v(n) = T_verify(n) / T_decode(1) on this
+//! device and dtype (stepwise, tapped for the drafter, as the decode loop runs it), and what the
+//! drafter's proposal of a block costs, and stores them next to the model, where `generate
+//! --schedule` finds them.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use gemma4::{ComputeDtype, Model, TapSet};
+use mlx_core::Device;
+use spec_decode::profile::{measure, profile_key, store};
+
+/// Arguments of `dspark profile`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Target checkpoint (default: the embedded default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The drafter whose taps the verify forward computes, and whose γ sets the longest window
+    /// (γ + 1). Default: the default model's drafter; `none` for no taps.
+    #[arg(long)]
+    drafter: Option<String>,
+    /// Longest verify window measured, in tokens (default: the drafter's γ + 1, else 9).
+    #[arg(long, allow_negative_numbers = true)]
+    max_n: Option<usize>,
+    /// Tokens in the cache before each timed forward.
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    context: usize,
+    /// Timed repetitions per point (the median is stored).
+    #[arg(long, default_value_t = 7, allow_negative_numbers = true)]
+    repeats: usize,
+    /// cpu or gpu.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
+    /// Compute dtype, as for `generate` (the profile is stored under the dtype it resolves to).
+    #[arg(long, default_value = "auto")]
+    dtype: ComputeDtype,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.context == 0 || a.repeats == 0 {
+        bail!("--context and --repeats must be at least 1");
+    }
+    if a.max_n.is_some_and(|n| !(2..=64).contains(&n)) {
+        bail!("--max-n {}: expected 2 to 64 tokens", a.max_n.unwrap_or(0));
+    }
+    let drafter_arg = crate::paths::drafter_choice(a.model.as_deref(), a.drafter.as_deref());
+    let dir = crate::paths::select_target(a.model.as_deref(), drafter_arg, a.device)?;
+    let (model, resolved) =
+        Model::load_as(&dir, a.dtype, a.device).with_context(|| format!("loading the model in {}", dir.display()))?;
+    let mut drafter = match drafter_arg {
+        None => None,
+        Some(d) => {
+            let ddir = if d == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(d) };
+            Some(
+                spec_decode::loader::load_drafter(&ddir, model.config())
+                    .with_context(|| format!("loading the drafter in {}", ddir.display()))?,
+            )
+        }
+    };
+    let taps = drafter.as_ref().map_or_else(TapSet::default, |d| d.taps());
+    let max_n = a.max_n.unwrap_or_else(|| drafter.as_ref().map_or(9, |d| d.gamma() + 1)).max(2);
+    let key = profile_key(a.device, &model);
+    eprintln!(
+        "dspark: profiling {} ({}, {key}) with {} tap point(s), windows 1..={max_n}, {} repeats after {} tokens",
+        dir.display(),
+        resolved.describe(),
+        taps.points().len(),
+        a.repeats,
+        a.context
+    );
+    let d: Option<&mut dyn spec_decode::Drafter> = match drafter.as_mut() {
+        Some(d) => Some(d.as_mut()),
+        None => None,
+    };
+    let p = measure(&model, d, max_n, a.context, a.repeats)?;
+    println!("one decode step: {:.2} ms", p.decode_ms);
+    if let (Some(g), Some(s)) = (p.draft, p.draft_sampled) {
+        println!("proposing a full block: {g:.3} decode steps greedy, {s:.3} sampled (T = 1)");
+    }
+    println!("| n (tokens verified) | v(n) |");
+    println!("|---|---|");
+    for (n, v) in p.cost.iter().enumerate() {
+        println!("| {} | {v:.3} |", n + 1);
+    }
+    let path = store(&dir, &key, &p).with_context(|| format!("storing the profile next to {}", dir.display()))?;
+    println!("written to {} (key {key})", path.display());
+    Ok(())
+}

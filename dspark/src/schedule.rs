@@ -1,0 +1,83 @@
+//! How `generate` (and `serve`) choose the verify window: `--schedule auto|full|throughput`,
+//! with `--min-conf` and `--calibrated` as manual overrides. The throughput schedule needs the
+//! drafter's STS temperatures for the request's mode (from `dspark calibrate`) and the model's
+//! verify-cost profile for this device and dtype (from `dspark profile`).
+
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use gemma4::Model;
+use spec_decode::profile::{load, profile_key};
+use spec_decode::{Drafter, Pruning, ThroughputPlan};
+
+/// `--schedule`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Schedule {
+    /// The throughput schedule when the drafter is calibrated for this mode and the model has
+    /// a profile for this device and dtype; full blocks otherwise.
+    Auto,
+    /// Verify every draft of the block (or what --min-conf / --calibrated keep).
+    Full,
+    /// Algorithm 1: admit drafts while the expected tokens per unit of verify cost improve.
+    Throughput,
+}
+
+/// The pruning rule for a request, and a line saying what was chosen and why.
+pub fn choose(
+    schedule: Schedule,
+    manual: Option<Pruning>,
+    drafter: &dyn Drafter,
+    model: &Model,
+    model_dir: &Path,
+    device: mlx_core::Device,
+    greedy: bool,
+) -> Result<(Pruning, String)> {
+    if let Some(p) = manual {
+        if schedule == Schedule::Throughput {
+            bail!("--schedule throughput chooses the window itself; drop --min-conf / --calibrated");
+        }
+        return Ok((p, "manual confidence pruning".into()));
+    }
+    if schedule == Schedule::Full {
+        return Ok((Pruning::Off, "full blocks".into()));
+    }
+    let mode = if greedy { "greedy" } else { "sampled" };
+    let key = profile_key(device, model);
+    let temperatures = drafter.sts_temperatures(greedy);
+    let profile = load(model_dir, &key)?;
+    match (temperatures, profile) {
+        (Some(t), Some(p)) => {
+            let cost = p.round_cost(greedy);
+            let line = format!(
+                "throughput schedule ({mode} STS; round cost from profile {key}: {:.2} steps verifying 1 draft, {:.2} verifying {})",
+                cost.get(1).copied().unwrap_or(f32::NAN),
+                cost.last().copied().unwrap_or(f32::NAN),
+                cost.len() - 1
+            );
+            Ok((Pruning::Throughput(ThroughputPlan::new(t, cost)), line))
+        }
+        (t, p) if schedule == Schedule::Throughput => {
+            let mut missing = Vec::new();
+            if t.is_none() {
+                missing.push(format!(
+                    "{} has no STS temperatures for {mode} decoding (run `dspark calibrate`)",
+                    drafter.name()
+                ));
+            }
+            if p.is_none() {
+                missing.push(format!(
+                    "{} has no verify-cost profile for {key} (run `dspark profile`)",
+                    model_dir.display()
+                ));
+            }
+            bail!("--schedule throughput: {}", missing.join("; "))
+        }
+        (t, _) => Ok((
+            Pruning::Off,
+            format!(
+                "full blocks (no {})",
+                if t.is_none() { format!("{mode} calibration") } else { format!("profile for {key}") }
+            ),
+        )),
+    }
+}
