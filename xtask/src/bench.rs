@@ -254,16 +254,16 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
         println!("  {l:>5} rows: {ms:.2} ms ({:.2}× the 64-row cost)", ms / base.max(1e-9));
     }
     let png = root.join("verify_cost.png");
-    let plot_curves: Vec<crate::plot::Curve> = curves
+    let plot_curves: Vec<dspark::plot::Curve> = curves
         .iter()
         .flat_map(|c| {
-            ["stepwise", "batched"].map(|kind| crate::plot::Curve {
+            ["stepwise", "batched"].map(|kind| dspark::plot::Curve {
                 label: format!("{} {kind}", c["compute"].as_str().unwrap_or("?")),
                 values: c[kind].as_array().into_iter().flatten().filter_map(Value::as_f64).collect(),
             })
         })
         .collect();
-    if crate::plot::verify_cost(&png, &format!("verify cost, {name} checkpoint (64-token cache)"), &plot_curves)? {
+    if dspark::plot::verify_cost(&png, &format!("verify cost, {name} checkpoint (64-token cache)"), &plot_curves)? {
         println!("wrote {}", png.display());
     }
     let (prompts, tokens) = if quick { (4, 32) } else { (20, 128) };
@@ -330,6 +330,24 @@ pub fn round_breakdown(model_dir: &Path, drafter_dir: &Path, ctx: usize, reps: u
             target_cache: &cache,
         };
         drafter.propose(req)?.tokens.eval()?;
+        Ok(())
+    })?;
+    let t1 = SamplerConfig { temperature: 1.0, ..Default::default() };
+    let mut keys = mlx_core::random::KeyChain::new(0)?;
+    let propose_sampled = timed(&mut || {
+        let req = DraftRequest {
+            anchor: &anchor,
+            position: cache.offset(),
+            max_drafts: gamma,
+            sampling: DraftSampling::Sample { cfg: &t1, keys: &mut keys },
+            target: &model,
+            target_cache: &cache,
+        };
+        let p = drafter.propose(req)?;
+        match &p.q {
+            Some(q) => mlx_core::eval(&[&p.tokens, q])?,
+            None => p.tokens.eval()?,
+        }
         Ok(())
     })?;
     let window = ids_array(&ids(gamma + 1, vocab))?;
@@ -400,11 +418,30 @@ pub fn round_breakdown(model_dir: &Path, drafter_dir: &Path, ctx: usize, reps: u
         Ok(())
     })?;
     let (rounds, tau, _) = spec_stats.unwrap_or((0, 0.0, 0.0));
+    // The same at T = 1: a sampled round adds filtering, draws and the residual.
+    let sampled_cfg = GenerateConfig { sampler: t1.clone(), ..cfg.clone() };
+    let mut sampled_stats = None;
+    let plain_sampled = timed(&mut || {
+        generate(&model, &prompt, &sampled_cfg, |_| {})?;
+        Ok(())
+    })?;
+    let spec_sampled = timed(&mut || {
+        let mut d = spec_decode::load_drafter(drafter_dir, model.config())?;
+        let sc =
+            spec_decode::SpecConfig { generate: sampled_cfg.clone(), gamma: None, pruning: spec_decode::Pruning::Off };
+        let s = spec_decode::speculative_generate(&model, d.as_mut(), &prompt, &sc, |_| {})?;
+        sampled_stats = Some((s.stats.rounds, s.stats.tau(), s.stats.decode_ms));
+        Ok(())
+    })?;
+    let (rounds_sampled, tau_sampled, decode_sampled) = sampled_stats.unwrap_or((0, 0.0, 0.0));
     Ok(json!({
         "compute": resolved.describe(), "gamma": gamma, "context": ctx,
         "decode_step_ms": step, "propose_ms": propose, "verify_stepwise_ms": verify_stepwise,
         "verify_batched_ms": verify_batched, "commit_ms": commit,
         "plain_64_ms": plain, "speculative_64_ms": spec, "rounds": rounds, "tau": tau,
+        "propose_sampled_ms": propose_sampled, "plain_64_sampled_ms": plain_sampled,
+        "speculative_64_sampled_ms": spec_sampled, "rounds_sampled": rounds_sampled, "tau_sampled": tau_sampled,
+        "sampled_round_in_steps": decode_sampled / rounds_sampled.max(1) as f64 / step,
     }))
 }
 
@@ -499,4 +536,105 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
                          "drafted_by_position": totals.drafted_by_pos}));
     }
     Ok(json!({"prompts": n, "max_tokens": max_tokens, "gamma": gamma, "compute": resolved.describe(), "rows": rows}))
+}
+
+/// Draft-length schedules on the embedded default pair: decode speed over `n` held-out prompts
+/// × `max_tokens` with the throughput schedule (calibrated survivals against this machine's
+/// verify-cost profile, measured first when the model has none) against full blocks and every
+/// static γ, greedy and T = 1, interleaved per prompt in one run. Ratios are to plain decoding
+/// of the same prompts.
+pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
+    use spec_decode::{Pruning, SpecConfig, ThroughputPlan};
+    let dir = dspark::default_model::ensure(false)?;
+    let ddir = dspark::default_model::ensure_drafter(false)?;
+    let (model, resolved) = Model::load_as(&dir, ComputeDtype::Auto, Device::Cpu)?;
+    let (_, ids) = crate::train_default::test_prompt_ids(&dir, n)?;
+    let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;
+    let gamma = drafter.gamma();
+    let key = spec_decode::profile::profile_key(Device::Cpu, &model);
+    let profile = match spec_decode::profile::load(&dir, &key)? {
+        Some(p) => p,
+        None => {
+            let p = spec_decode::profile::measure(&model, Some(drafter.as_mut()), gamma + 1, 64, 7)?;
+            spec_decode::profile::store(&dir, &key, &p)?;
+            p
+        }
+    };
+    let cost: Vec<String> = profile.cost.iter().map(|v| format!("{v:.2}")).collect();
+    println!(
+        "\nverify-cost profile {key}: v(1..={}) = [{}]; proposing a block: {:?} steps greedy, {:?} sampled",
+        profile.cost.len(),
+        cost.join(", "),
+        profile.draft,
+        profile.draft_sampled
+    );
+    let mut rows = Vec::new();
+    for (mode, sampler) in
+        [("greedy", SamplerConfig::greedy()), ("T=1", SamplerConfig { temperature: 1.0, ..Default::default() })]
+    {
+        let temps = drafter
+            .sts_temperatures(sampler.is_greedy())
+            .with_context(|| format!("the default drafter has no {mode} calibration (dspark calibrate)"))?;
+        let mut settings: Vec<(String, Option<usize>, Pruning)> =
+            (1..=gamma).map(|g| (format!("static γ {g}"), Some(g), Pruning::Off)).collect();
+        let plan = ThroughputPlan::new(temps, profile.round_cost(sampler.is_greedy()));
+        settings.push(("throughput".into(), None, Pruning::Throughput(plan)));
+        let mut plain_ms = 0.0;
+        let mut ms = vec![0.0f64; settings.len()];
+        let mut stats = vec![spec_decode::SpecStats::default(); settings.len()];
+        for (i, prompt) in ids.iter().enumerate() {
+            let cfg = GenerateConfig {
+                max_tokens,
+                sampler: sampler.clone(),
+                seed: i as u64,
+                prefill_step: 2048,
+                stop_tokens: vec![],
+            };
+            let g = generate(&model, prompt, &cfg, |_| {})?;
+            plain_ms += g.stats.prefill_ms + g.stats.decode_ms;
+            for (k, (_, gamma, pruning)) in settings.iter().enumerate() {
+                let sc = SpecConfig { generate: cfg.clone(), gamma: *gamma, pruning: pruning.clone() };
+                let s = spec_decode::speculative_generate(&model, drafter.as_mut(), prompt, &sc, |_| {})?;
+                if sampler.is_greedy() && s.tokens != g.tokens {
+                    bail!("{}: greedy output differs from plain decoding on held-out prompt {i}", settings[k].0);
+                }
+                ms[k] += s.stats.prefill_ms + s.stats.decode_ms;
+                stats[k].absorb(&s.stats);
+            }
+        }
+        let rate = |t: f64| (n * max_tokens) as f64 / (t / 1e3).max(1e-9);
+        let best_static = (0..gamma).max_by(|&a, &b| rate(ms[a]).total_cmp(&rate(ms[b]))).unwrap_or(0);
+        println!(
+            "\n{mode}, {n} held-out prompts × {max_tokens} tokens ({}): plain {:.1} tok/s",
+            resolved.describe(),
+            rate(plain_ms)
+        );
+        println!("| schedule | tok/s | vs plain | τ | drafts verified per round | plain steps |");
+        println!("|---|---|---|---|---|---|");
+        for (k, (name, _, _)) in settings.iter().enumerate() {
+            let st = &stats[k];
+            let mark = if k == best_static { " (best static)" } else { "" };
+            println!(
+                "| {name}{mark} | {:.1} | {:.2}× | {:.2} | {:.2} | {} |",
+                rate(ms[k]),
+                plain_ms / ms[k].max(1e-9),
+                st.tau(),
+                st.drafted as f64 / st.rounds.max(1) as f64,
+                st.plain_steps
+            );
+        }
+        let thr = settings.len() - 1;
+        println!(
+            "throughput schedule vs best static ({}): {:.2}×; vs full blocks (γ {gamma}): {:.2}×",
+            settings[best_static].0,
+            ms[best_static] / ms[thr].max(1e-9),
+            ms[gamma - 1] / ms[thr].max(1e-9)
+        );
+        rows.push(json!({"mode": mode, "plain_tok_per_s": rate(plain_ms),
+            "settings": settings.iter().enumerate().map(|(k, s)| json!({"schedule": s.0, "tok_per_s": rate(ms[k]),
+                "tau": stats[k].tau(), "rounds": stats[k].rounds, "drafted": stats[k].drafted,
+                "plain_steps": stats[k].plain_steps})).collect::<Vec<_>>(),
+            "best_static": settings[best_static].0, "throughput_vs_best_static": ms[best_static] / ms[thr].max(1e-9)}));
+    }
+    Ok(json!({"prompts": n, "max_tokens": max_tokens, "profile": profile.cost, "rows": rows}))
 }

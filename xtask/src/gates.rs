@@ -28,7 +28,7 @@ use spec_decode::deepspec::DeepSpecDrafter;
 use spec_decode::dspark::{fit_bigram_drafter, DSparkConfig, DSparkDrafter};
 use spec_decode::oracle::SelfDrafter;
 use spec_decode::probs::probabilities;
-use spec_decode::testing::{decode_from_with_rule, VerifyRule};
+use spec_decode::testing::{decode_from_with_rule, ScriptedConfidence, VerifyRule};
 use spec_decode::testing::{write_synthetic_deepspec, SyntheticDeepSpec};
 use spec_decode::{speculative_generate, Drafter, Pruning, SpecConfig};
 
@@ -104,7 +104,7 @@ fn trained_dspark(model: &Model, root: &Path, name: &str) -> Result<PathBuf> {
         eval_batches: 2,
         ..Default::default()
     };
-    let r = train_drafter(model, &init, &dir.join("data"), &dir.join("run"), &tc, false, |_| {})?;
+    let r = train_drafter(model, &init, &[dir.join("data")], &dir.join("run"), &tc, false, |_| {})?;
     println!(
         "trained drafter for {name}: {} steps, loss {:.3} -> {:.3}, validation τ {:.3} -> {:.3}",
         r.steps,
@@ -473,6 +473,20 @@ fn counts(samples: &[usize], cells: usize) -> Vec<usize> {
     c
 }
 
+/// Verify costs v(1..=4) for the scheduler conditions: one draft pays only when its
+/// confidence is above 0.5, a second one is nearly free.
+const SCHEDULE_COST: [f32; 4] = [1.0, 1.5, 1.6, 1.7];
+
+/// The scheduler gate's drafter: the first confidence is 0.4 or 0.8 (a coin of its own, per
+/// round), the second 0.99 after an even first draft and 0.01 after an odd one. Under
+/// [`SCHEDULE_COST`] the early-stopping schedule verifies no draft after 0.4, and after 0.8
+/// one draft, or two when the first is even; a look-ahead scheduler also verifies two after
+/// 0.4 when the first draft is even (Θ(2) = 1.796 / 1.6 > 1), so whether the first draft is
+/// verified then depends on its own value: that bias is what the test must catch.
+fn scheduled_drafter<D: Drafter>(inner: D) -> ScriptedConfidence<D> {
+    ScriptedConfidence::new(inner, vec![0.4, 0.8], |t| if t % 2 == 0 { 0.99 } else { 0.01 }, 0x5c4ed)
+}
+
 /// Distribution equality of speculative sampling.
 pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     // The law under test is the verify rule's, not the architecture's (greedy-parity covers
@@ -505,13 +519,22 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     confs.sort_by(f32::total_cmp);
     let median = confs.get(confs.len() / 2).copied().context("the drafter gave no position-1 confidences")?;
     // Pruning off is covered by the default pair's conditions below (first token, vocab 4096).
+    // The throughput schedule runs on a scripted-confidence drafter (see `scheduled_drafter`):
+    // with its early stop it must pass; picking the window after seeing every confidence must
+    // be caught.
+    let plan = spec_decode::ThroughputPlan::new(vec![1.0; 3], SCHEDULE_COST.to_vec());
     let conditions = [
         (1.0f64, false, Pruning::MinConf(median), VerifyRule::Exact),
-        (0.7, true, Pruning::MinConf(median), VerifyRule::Exact),
+        (0.7, true, Pruning::Throughput(plan.clone()), VerifyRule::Exact),
+        (0.7, true, Pruning::Throughput(plan.look_ahead()), VerifyRule::Exact),
         (1.0, false, Pruning::Off, VerifyRule::AcceptAll),
     ];
+    let mut scripted = scheduled_drafter(random_dspark(&cfg, 3, 1, 11)?);
     let mut failures = Vec::new();
     for (ci, (temp, filters, pruning, rule)) in conditions.iter().enumerate() {
+        let look_ahead = matches!(pruning, Pruning::Throughput(p) if p.is_look_ahead());
+        let drafter: &mut dyn Drafter =
+            if matches!(pruning, Pruning::Throughput(_)) { &mut scripted } else { &mut drafter };
         let sampler = SamplerConfig {
             temperature: *temp,
             top_k: if *filters { 6 } else { 0 },
@@ -520,14 +543,16 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         };
         let law = plain_law(&model, &prompt, &sampler, n, 1_000_000 + ci as u64)?;
         let t0 = Instant::now();
-        // The broken verifier is rejected overwhelmingly; a quarter of the samples shows it.
-        let n_spec = if *rule == VerifyRule::AcceptAll { (n / 4).max(1000) } else { n };
+        // A broken verifier or scheduler is rejected overwhelmingly; a quarter of the samples
+        // shows it.
+        let broken = *rule == VerifyRule::AcceptAll || look_ahead;
+        let n_spec = if broken { (n / 4).max(1000) } else { n };
         let mut spec = Vec::with_capacity(n_spec);
         let mut totals = spec_decode::SpecStats::default();
         for i in 0..n_spec {
             // Three tokens, so the first round verifies up to two drafts (positions 0 and 1).
             let c = spec_cfg(3, 3, sampler.clone(), (ci * n + i) as u64, pruning.clone());
-            let out = decode_from_with_rule(&model, &mut drafter, &pre, &c, *rule, |_| {})?;
+            let out = decode_from_with_rule(&model, drafter, &pre, &c, *rule, |_| {})?;
             if out.tokens.len() < 2 {
                 bail!("a speculative sample emitted {} tokens, expected 3", out.tokens.len());
             }
@@ -548,7 +573,6 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         let bins = chisq::bins(&law.joint, n);
         let gof = chisq::goodness_of_fit(&counts(&spec, v * v), &law.joint, &bins);
         let hom = chisq::homogeneity(&counts(&spec, v * v), &counts(&law.samples, v * v), &bins);
-        let broken = *rule == VerifyRule::AcceptAll;
         let rejects = gof.p < ALPHA || hom.p < ALPHA;
         let ok = if broken { gof.p < ALPHA && hom.p < ALPHA } else { !rejects };
         println!(
@@ -556,9 +580,11 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
             if *filters { "top-k 6, top-p 0.9" } else { "off" },
             match pruning {
                 Pruning::MinConf(c) => format!("min_conf {c:.3}"),
+                Pruning::Throughput(_) if look_ahead => "throughput, LOOK-AHEAD (biased)".to_string(),
+                Pruning::Throughput(_) => "throughput (early stop)".to_string(),
                 _ => "off".to_string(),
             },
-            if broken { "BROKEN (accept all)" } else { "exact" },
+            if *rule == VerifyRule::AcceptAll { "BROKEN (accept all)" } else { "exact" },
             gof.stat,
             gof.df,
             gof.p,

@@ -5,7 +5,6 @@ mod bench;
 mod chisq;
 mod gates;
 mod parity;
-mod plot;
 mod serve_gate;
 mod train_default;
 mod venv;
@@ -47,6 +46,10 @@ enum Cmd {
         /// Only the default pair on 20 held-out prompts × 128 tokens (speedup, τ, identity).
         #[arg(long)]
         default: bool,
+        /// Only the draft-length schedules on the default pair: the throughput schedule against
+        /// full blocks and every static γ, greedy and T = 1 (20 held-out prompts × 128 tokens).
+        #[arg(long)]
+        schedules: bool,
         /// Only break a speculative round on this pair down into its parts: MODEL,DRAFTER.
         #[arg(long, value_delimiter = ',')]
         round: Option<Vec<PathBuf>>,
@@ -62,7 +65,7 @@ enum Cmd {
         /// Work directory (default target/train-default).
         #[arg(long)]
         work: Option<PathBuf>,
-        /// Start at this stage (target, regen or drafter), reusing the earlier stages' outputs
+        /// Start at this stage (target, regen, drafter or calibrate), reusing the earlier stages' outputs
         /// in the work directory.
         #[arg(long, default_value = "target")]
         from: String,
@@ -104,6 +107,14 @@ fn main() -> Result<()> {
         Cmd::Bench { round: Some(pair), .. } => {
             let r = bench::round_breakdown(&pair[0], &pair[1], 64, 20)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(())
+        }
+        Cmd::Bench { schedules: true, dir, .. } => {
+            let r = bench::schedules(20, 128)?;
+            let dir = dir.unwrap_or_else(|| target_dir().join("bench"));
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("schedules.json"), serde_json::to_string_pretty(&r)?)?;
+            println!("wrote {}", dir.join("schedules.json").display());
             Ok(())
         }
         Cmd::Bench { default: true, dir, .. } => {

@@ -1,7 +1,8 @@
 //! `cargo xtask train-default`: rebuilds the embedded default from nothing but the Python
 //! standard library on this machine — the tokenizer and target (`dspark train-target`), the
 //! drafter's training prompts (heads of, and windows inside, train-split files), the target's
-//! own greedy continuations of them (`dspark regen`), and the DSpark drafter (`dspark train`) —
+//! own greedy and sampled (T = 1) continuations of them (`dspark regen`), and the DSpark drafter
+//! trained on both (`dspark train`; greedy data alone leaves it blind to sampled contexts) —
 //! then copies the shipped files into `dspark/default/`. Every stage is seeded, so a seed gives
 //! the same files on a machine with the same Python, thread count and BLAS. Stage times are
 //! printed and recorded in `dspark/default/recipe.json`.
@@ -34,8 +35,10 @@ pub struct Recipe {
     pub head_prompts: usize,
     pub inside_prompts: usize,
     pub prompt_bytes: (usize, usize),
-    /// Greedy continuation length of each training prompt.
+    /// Continuation length of each training prompt.
     pub max_new: usize,
+    /// Temperature of the second, sampled regen of the same prompts (the first is greedy).
+    pub sampled_temperature: f64,
     /// Sequences per regen shard (shards are the unit of the train / validation / test split).
     pub seqs_per_shard: usize,
     pub gamma: usize,
@@ -44,6 +47,8 @@ pub struct Recipe {
     pub drafter_steps: u64,
     pub drafter_batch: usize,
     pub drafter_lr: f64,
+    /// Validation-split prompts the drafter's confidence is calibrated on.
+    pub calibration_prompts: usize,
 }
 
 impl Recipe {
@@ -65,13 +70,15 @@ impl Recipe {
             inside_prompts: 150,
             prompt_bytes: (40, 400),
             max_new: 128,
+            sampled_temperature: 1.0,
             seqs_per_shard: 50,
             gamma: 6,
             drafter_layers: 2,
             drafter_width: 128,
-            drafter_steps: 2000,
+            drafter_steps: 3000,
             drafter_batch: 16,
             drafter_lr: 3e-3,
+            calibration_prompts: 40,
         };
         if quick {
             Recipe {
@@ -88,6 +95,7 @@ impl Recipe {
                 seqs_per_shard: 4,
                 drafter_steps: 4,
                 drafter_batch: 4,
+                calibration_prompts: 4,
                 ..r
             }
         } else {
@@ -99,13 +107,7 @@ impl Recipe {
 /// The evaluation prompts of the default: heads of test-split files (never trained on), 40 to
 /// 400 bytes of whole lines, chosen by a fixed seed.
 pub fn test_prompts(count: usize) -> Result<Vec<Prompt>> {
-    let files = list_sources(&stdlib_dir(None)?)?;
-    let docs = read_split(&files, Split::Test);
-    let p = cut_prompts(&docs, Cut::Head, count, 40, 400, 20261203);
-    if p.len() < count {
-        bail!("only {} test-split files of the standard library give a prompt (wanted {count})", p.len());
-    }
-    Ok(p)
+    Ok(train::prompts::stdlib_heads(Split::Test, count, 20261203)?)
 }
 
 /// [`test_prompts`] encoded (with `<bos>`) by the tokenizer of the checkpoint in `model_dir`.
@@ -145,7 +147,7 @@ fn copy_files(from: &Path, to: &Path, names: &[&str]) -> Result<()> {
 /// Runs every stage under `work` and installs the result in `dest` (`dest/model`,
 /// `dest/drafter`, `dest/recipe.json`).
 /// The stages, in order; `from` skips the ones before it (their outputs must be in `work`).
-pub const STAGES: [&str; 3] = ["target", "regen", "drafter"];
+pub const STAGES: [&str; 4] = ["target", "regen", "drafter", "calibrate"];
 
 pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &str) -> Result<()> {
     let first = STAGES
@@ -204,24 +206,33 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
     write_prompts(&prompt_file, &prompts)?;
     eprintln!("train-default: {} drafter training prompts from train-split files", prompts.len());
 
-    let regen = work.join("regen");
-    let args: Vec<String> = vec![
-        "regen".into(),
-        "--model".into(),
-        p(&target),
-        "--prompts".into(),
-        p(&prompt_file),
-        "--out".into(),
-        p(&regen),
-        "--force".into(),
-        "--plain".into(),
-        "--max-new".into(),
-        s(&r.max_new),
-        "--seqs-per-shard".into(),
-        s(&r.seqs_per_shard),
-    ];
+    // The same prompts twice: greedy continuations, then sampled ones.
+    let (regen, sampled) = (work.join("regen"), work.join("regen-t1"));
+    let regen_args = |out: &Path, temperature: f64| -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            "regen".into(),
+            "--model".into(),
+            p(&target),
+            "--prompts".into(),
+            p(&prompt_file),
+            "--out".into(),
+            p(out),
+            "--force".into(),
+            "--plain".into(),
+            "--max-new".into(),
+            s(&r.max_new),
+            "--seqs-per-shard".into(),
+            s(&r.seqs_per_shard),
+        ];
+        if temperature > 0.0 {
+            a.extend(["--temperature".into(), s(&temperature), "--seed".into(), s(&r.seed)]);
+        }
+        a
+    };
     if first <= 1 {
-        times.insert("regen_s".into(), json!(stage(&bin, "regen", &args)?));
+        times.insert("regen_s".into(), json!(stage(&bin, "regen", &regen_args(&regen, 0.0))?));
+        let sampled_args = regen_args(&sampled, r.sampled_temperature);
+        times.insert("regen_sampled_s".into(), json!(stage(&bin, "regen (sampled)", &sampled_args)?));
     }
 
     let drafter = work.join("drafter");
@@ -230,7 +241,7 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
         "--model".into(),
         p(&target),
         "--data".into(),
-        p(&regen),
+        format!("{},{}", p(&regen), p(&sampled)),
         "--out".into(),
         p(&drafter),
         "--force".into(),
@@ -251,18 +262,57 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
         "--seed".into(),
         s(&r.seed),
     ];
-    times.insert("drafter_s".into(), json!(stage(&bin, "drafter", &args)?));
+    if first <= 2 {
+        times.insert("drafter_s".into(), json!(stage(&bin, "drafter", &args)?));
+    } else if !drafter.join("best").join("dspark.json").is_file() {
+        bail!("--from {from}: {} holds no trained drafter", drafter.join("best").display());
+    }
+
+    // Calibration (STS for greedy and T = 1, pruning thresholds) on heads of validation-split
+    // files, written into the trained drafter.
+    let cal_prompts = train::prompts::stdlib_heads(Split::Validation, r.calibration_prompts, r.seed ^ 0xca1b)?;
+    let cal_file = work.join("calibration-prompts.jsonl");
+    write_prompts(&cal_file, &cal_prompts)?;
+    let args: Vec<String> = vec![
+        "calibrate".into(),
+        "--model".into(),
+        p(&target),
+        "--drafter".into(),
+        p(&drafter.join("best")),
+        "--prompt-file".into(),
+        p(&cal_file),
+        "--prompts".into(),
+        s(&r.calibration_prompts),
+        "--tokens".into(),
+        s(&r.max_new),
+        "--plot".into(),
+        p(&work.join("reliability.png")),
+        "--force".into(),
+    ];
+    times.insert("calibrate_s".into(), json!(stage(&bin, "calibrate", &args)?));
 
     install(&target, &drafter.join("best"), dest)?;
+    if work.join("reliability.png").is_file() {
+        std::fs::copy(work.join("reliability.png"), dest.join("reliability.png"))?;
+    }
     if !times.contains_key("target_s") {
         // An earlier run trained the target: its report says how long that took.
         let report: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(target.join("train_report.json"))?)?;
         times.insert("target_s".into(), json!(report["minutes"].as_f64().unwrap_or(0.0) * 60.0));
     }
-    let total: f64 = times.values().filter_map(|v| v.as_f64()).sum();
-    times.insert("total_s".into(), json!(total));
     let recipe_path = dest.join("recipe.json");
+    // Stages skipped by --from keep the times the installed recipe recorded for them.
+    if let Ok(old) = std::fs::read_to_string(&recipe_path) {
+        let old: serde_json::Value = serde_json::from_str(&old).unwrap_or_default();
+        for (k, v) in old["seconds"].as_object().into_iter().flatten() {
+            if k != "total_s" && !times.contains_key(k) {
+                times.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let total: f64 = times.iter().filter(|(k, _)| *k != "total_s").filter_map(|(_, v)| v.as_f64()).sum();
+    times.insert("total_s".into(), json!(total));
     let doc = json!({"recipe": r, "seconds": times, "cpu_threads": std::thread::available_parallelism().map_or(0, |n| n.get()),
                      "blas": mlx_core::blas::linked()});
     std::fs::write(&recipe_path, serde_json::to_string_pretty(&doc)? + "\n")?;
