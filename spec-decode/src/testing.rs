@@ -32,12 +32,12 @@ pub fn decode_from_with_rule(
 pub struct ScriptedConfidence<D: Drafter> {
     pub inner: D,
     pub first: Vec<f32>,
-    pub later: fn(u32) -> f32,
+    pub later: Box<dyn Fn(u32) -> f32>,
     state: u64,
 }
 
 impl<D: Drafter> ScriptedConfidence<D> {
-    pub fn new(inner: D, first: Vec<f32>, later: fn(u32) -> f32, seed: u64) -> Self {
+    pub fn new(inner: D, first: Vec<f32>, later: Box<dyn Fn(u32) -> f32>, seed: u64) -> Self {
         ScriptedConfidence { inner, first, later, state: seed }
     }
 

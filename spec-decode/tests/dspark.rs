@@ -369,7 +369,7 @@ fn the_throughput_schedule_is_lossless_and_may_skip_drafting() {
     let plain = gemma4::generate::generate(m, &p, &gen, |_| {}).unwrap().tokens;
     // First confidence 0.4 or 0.8 per round; the second 0.99 or 0.01 by the parity of draft 1.
     let inner = DSparkDrafter::init(cfg(3, vec![1, 6]), m.config(), "tiny", 3, false).unwrap();
-    let mut d = ScriptedConfidence::new(inner, vec![0.4, 0.8], |t| if t % 2 == 0 { 0.99 } else { 0.01 }, 7);
+    let mut d = ScriptedConfidence::new(inner, vec![0.4, 0.8], Box::new(|t| if t % 2 == 0 { 0.99 } else { 0.01 }), 7);
     let plan = ThroughputPlan::new(vec![1.0; 3], vec![1.0, 1.5, 1.6, 1.7]);
     let sc = SpecConfig { generate: gen, gamma: Some(3), pruning: Pruning::Throughput(plan) };
     let out = speculative_generate(m, &mut d, &p, &sc, |_| {}).unwrap();

@@ -23,7 +23,7 @@ use gemma4::generate::{generate, prefill as plain_prefill, step_logits, Generate
 use gemma4::sampling::{logprobs, Sampler, SamplerConfig};
 use gemma4::{Model, TextConfig};
 use mlx_core::{Array, Dtype};
-use spec_decode::decode::{decode_from, prefill};
+use spec_decode::decode::{decode_from, prefill, Prefilled};
 use spec_decode::deepspec::DeepSpecDrafter;
 use spec_decode::dspark::{fit_bigram_drafter, DSparkConfig, DSparkDrafter};
 use spec_decode::oracle::SelfDrafter;
@@ -477,14 +477,73 @@ fn counts(samples: &[usize], cells: usize) -> Vec<usize> {
 /// confidence is above 0.5, a second one is nearly free.
 const SCHEDULE_COST: [f32; 4] = [1.0, 1.5, 1.6, 1.7];
 
-/// The scheduler gate's drafter: the first confidence is 0.4 or 0.8 (a coin of its own, per
-/// round), the second 0.99 after an even first draft and 0.01 after an odd one. Under
-/// [`SCHEDULE_COST`] the early-stopping schedule verifies no draft after 0.4, and after 0.8
-/// one draft, or two when the first is even; a look-ahead scheduler also verifies two after
-/// 0.4 when the first draft is even (Θ(2) = 1.796 / 1.6 > 1), so whether the first draft is
-/// verified then depends on its own value: that bias is what the test must catch.
-fn scheduled_drafter<D: Drafter>(inner: D) -> ScriptedConfidence<D> {
-    ScriptedConfidence::new(inner, vec![0.4, 0.8], |t| if t % 2 == 0 { 0.99 } else { 0.01 }, 0x5c4ed)
+/// The scheduler gate's drafter: the first confidence is 0.4 (three rounds in four) or 0.8, a
+/// coin of its own per round; the second is 0.99 after a first draft in `favoured` and 0.01
+/// otherwise. Under [`SCHEDULE_COST`] the early-stopping schedule verifies no draft after 0.4,
+/// and after 0.8 one draft, or two when the first is favoured; a look-ahead scheduler also
+/// verifies two after 0.4 when the first draft is favoured (Θ(2) = 1.796 / 1.6 > 1), so
+/// whether the first draft is verified then depends on its own value. With `favoured` = the
+/// tokens the drafter over-proposes (q > p), that bias is large: the test must catch it.
+fn scheduled_drafter<D: Drafter>(inner: D, favoured: Vec<u32>) -> ScriptedConfidence<D> {
+    let later = Box::new(move |t: u32| if favoured.contains(&t) { 0.99 } else { 0.01 });
+    ScriptedConfidence::new(inner, vec![0.4, 0.4, 0.4, 0.8], later, 0x5c4ed)
+}
+
+/// The first-token law when a draft is verified only if it lies in `set` and otherwise the token
+/// is drawn from p: what a look-ahead scheduler does in [`scheduled_drafter`]'s low-confidence
+/// rounds. Speculative sampling of d ∈ set: accept with min(1, p/q), else the residual.
+fn selective_law(p: &[f64], q: &[f64], set: &[usize]) -> Vec<f64> {
+    let residual: Vec<f64> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
+    let mass: f64 = residual.iter().sum();
+    let mut out: Vec<f64> = p.iter().map(|x| x * (1.0 - set.iter().map(|&d| q[d]).sum::<f64>())).collect();
+    for &d in set {
+        let accept = if q[d] > 0.0 { (p[d] / q[d]).min(1.0) } else { 1.0 };
+        out[d] += q[d] * accept;
+        if mass > 0.0 {
+            for (o, r) in out.iter_mut().zip(&residual) {
+                *o += q[d] * (1.0 - accept) * r / mass;
+            }
+        }
+    }
+    out
+}
+
+/// The favoured first drafts for the scheduler gate: of the sets made of the tokens the drafter
+/// proposes most over their target probability (prefixes in order of q / p), the one whose
+/// selective verification moves the first-token law furthest from p (χ² distance), so the
+/// look-ahead's bias is as visible as this pair allows.
+fn favoured_set(p: &[f64], q: &[f64]) -> Vec<u32> {
+    let mut order: Vec<usize> = (0..p.len()).filter(|&a| q[a] > 0.0).collect();
+    order.sort_by(|&a, &b| (q[b] / p[b].max(1e-12)).total_cmp(&(q[a] / p[a].max(1e-12))));
+    let distance = |set: &[usize]| -> f64 {
+        selective_law(p, q, set).iter().zip(p).filter(|(_, &e)| e > 0.0).map(|(o, e)| (o - e).powi(2) / e).sum()
+    };
+    let best = (1..=order.len()).max_by(|&a, &b| distance(&order[..a]).total_cmp(&distance(&order[..b]))).unwrap_or(0);
+    order[..best].iter().map(|&a| a as u32).collect()
+}
+
+/// The law q of the first draft after the prefilled prompt, under `sampler` // `[V]`.
+fn first_draft_law(
+    model: &Model,
+    drafter: &mut dyn Drafter,
+    pre: &Prefilled,
+    sampler: &SamplerConfig,
+) -> Result<Vec<f32>> {
+    let mut pre = pre.clone();
+    let ctx = pre.take_ctx();
+    drafter.reset(ctx.as_ref(), pre.committed())?;
+    let anchor = Array::from_slice(&[pre.pending()], &[1])?;
+    let mut keys = mlx_core::random::KeyChain::new(0)?;
+    let req = spec_decode::DraftRequest {
+        anchor: &anchor,
+        position: pre.committed(),
+        max_drafts: 1,
+        sampling: spec_decode::DraftSampling::Sample { cfg: sampler, keys: &mut keys },
+        target: model,
+        target_cache: pre.cache(),
+    };
+    let q = drafter.propose(req)?.q.context("a sampled proposal without q")?;
+    Ok(q.slice_axis(0, 0, 1)?.to_f32_vec()?)
 }
 
 /// Distribution equality of speculative sampling.
@@ -529,12 +588,9 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         (0.7, true, Pruning::Throughput(plan.look_ahead()), VerifyRule::Exact),
         (1.0, false, Pruning::Off, VerifyRule::AcceptAll),
     ];
-    let mut scripted = scheduled_drafter(random_dspark(&cfg, 3, 1, 11)?);
     let mut failures = Vec::new();
     for (ci, (temp, filters, pruning, rule)) in conditions.iter().enumerate() {
         let look_ahead = matches!(pruning, Pruning::Throughput(p) if p.is_look_ahead());
-        let drafter: &mut dyn Drafter =
-            if matches!(pruning, Pruning::Throughput(_)) { &mut scripted } else { &mut drafter };
         let sampler = SamplerConfig {
             temperature: *temp,
             top_k: if *filters { 6 } else { 0 },
@@ -542,6 +598,19 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
             ..Default::default()
         };
         let law = plain_law(&model, &prompt, &sampler, n, 1_000_000 + ci as u64)?;
+        let mut scripted = None;
+        if matches!(pruning, Pruning::Throughput(_)) {
+            // The first token's target law p (a marginal of the joint) against the draft law q.
+            let q: Vec<f64> =
+                first_draft_law(&model, &mut drafter, &pre, &sampler)?.iter().map(|&x| x as f64).collect();
+            let p: Vec<f64> = (0..v).map(|a| (0..v).map(|b| law.joint[a * v + b]).sum()).collect();
+            let favoured = favoured_set(&p, &q);
+            scripted = Some(scheduled_drafter(random_dspark(&cfg, 3, 1, 11)?, favoured));
+        }
+        let drafter: &mut dyn Drafter = match scripted.as_mut() {
+            Some(s) => s,
+            None => &mut drafter,
+        };
         let t0 = Instant::now();
         // A broken verifier or scheduler is rejected overwhelmingly; a quarter of the samples
         // shows it.
