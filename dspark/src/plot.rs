@@ -2,7 +2,9 @@
 //! path next to the k = v(k) line where speculation cannot pay, and calibration's reliability
 //! diagram. Text is rendered with ab_glyph from a system TrueType font (DejaVu Sans or
 //! Liberation Sans); with none installed a plot is skipped with a message, since its numbers
-//! are also printed and stored.
+//! are also printed and stored. Plots are drawn into memory and encoded with the `png` crate at
+//! its best compression (plotters' own encoder writes files ten times larger, which matters for
+//! the diagram committed next to the default drafter), through a temporary file and a rename.
 
 use std::path::{Path, PathBuf};
 
@@ -47,45 +49,51 @@ pub fn verify_cost(path: &Path, title: &str, curves: &[Curve]) -> Result<bool> {
     }
     let kmax = curves.iter().map(|c| c.values.len()).max().unwrap_or(1).max(1);
     let ymax = curves.iter().flat_map(|c| c.values.iter().copied()).fold(kmax as f64, f64::max) * 1.05;
-    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
-    let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(1f64..kmax as f64, 0f64..ymax)
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("k (tokens scored in one forward)")
-        .y_desc("v(k) = cost / one decode step")
-        .draw()
-        .map_err(|e| err(&e))?;
-    chart
-        .draw_series(LineSeries::new((1..=kmax).map(|k| (k as f64, k as f64)), BLACK.mix(0.4)))
-        .map_err(|e| err(&e))?
-        .label("v(k) = k: no gain from batching")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
-    for (i, c) in curves.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let points: Vec<(f64, f64)> = c.values.iter().enumerate().map(|(k, v)| (k as f64 + 1.0, *v)).collect();
+    let (width, height) = (900, 560);
+    let mut pixels = vec![0u8; width as usize * height as usize * 3];
+    // The drawing borrows the pixels until its end.
+    {
+        let root = BitMapBackend::with_buffer(&mut pixels, (width, height)).into_drawing_area();
+        let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(1f64..kmax as f64, 0f64..ymax)
+            .map_err(|e| err(&e))?;
         chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .configure_mesh()
+            .x_desc("k (tokens scored in one forward)")
+            .y_desc("v(k) = cost / one decode step")
+            .draw()
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(LineSeries::new((1..=kmax).map(|k| (k as f64, k as f64)), BLACK.mix(0.4)))
             .map_err(|e| err(&e))?
-            .label(c.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+            .label("v(k) = k: no gain from batching")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
+        for (i, c) in curves.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let points: Vec<(f64, f64)> = c.values.iter().enumerate().map(|(k, v)| (k as f64 + 1.0, *v)).collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(c.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
+    write_png(path, &pixels, width, height)?;
     Ok(true)
 }
 
@@ -104,43 +112,72 @@ pub fn reliability(path: &Path, title: &str, panels: &[ReliabilityPanel], column
     }
     let columns = columns.max(1);
     let rows = panels.len().div_ceil(columns).max(1);
-    let root = BitMapBackend::new(path, (380 * columns as u32, 360 * rows as u32 + 40)).into_drawing_area();
-    let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let root = root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?;
-    for (panel, area) in panels.iter().zip(root.split_evenly((rows, columns))) {
-        let mut chart = ChartBuilder::on(&area)
-            .caption(&panel.title, ("sans-serif", 16))
-            .margin(10)
-            .x_label_area_size(36)
-            .y_label_area_size(44)
-            .build_cartesian_2d(0f64..1f64, 0f64..1f64)
-            .map_err(|e| err(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("predicted survival")
-            .y_desc("observed: all accepted")
-            .draw()
-            .map_err(|e| err(&e))?;
-        chart.draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.4))).map_err(|e| err(&e))?;
-        for (k, points) in panel.positions.iter().enumerate() {
-            let color = Palette99::pick(k).to_rgba();
+    let (width, height) = (380 * columns as u32, 360 * rows as u32 + 40);
+    let mut pixels = vec![0u8; width as usize * height as usize * 3];
+    // The drawing borrows the pixels until its end.
+    {
+        let root = BitMapBackend::with_buffer(&mut pixels, (width, height)).into_drawing_area();
+        let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        let root = root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?;
+        for (panel, area) in panels.iter().zip(root.split_evenly((rows, columns))) {
+            let mut chart = ChartBuilder::on(&area)
+                .caption(&panel.title, ("sans-serif", 16))
+                .margin(10)
+                .x_label_area_size(36)
+                .y_label_area_size(44)
+                .build_cartesian_2d(0f64..1f64, 0f64..1f64)
+                .map_err(|e| err(&e))?;
             chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(format!("position {}", k + 1))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
-            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+                .configure_mesh()
+                .x_desc("predicted survival")
+                .y_desc("observed: all accepted")
+                .draw()
+                .map_err(|e| err(&e))?;
+            chart.draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.4))).map_err(|e| err(&e))?;
+            for (k, points) in panel.positions.iter().enumerate() {
+                let color = Palette99::pick(k).to_rgba();
+                chart
+                    .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                    .map_err(|e| err(&e))?
+                    .label(format!("position {}", k + 1))
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+                chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 12))
+                .draw()
+                .map_err(|e| err(&e))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 12))
-            .draw()
-            .map_err(|e| err(&e))?;
+        root.present().map_err(|e| err(&e))?;
     }
-    root.present().map_err(|e| err(&e))?;
+    write_png(path, &pixels, width, height)?;
     Ok(true)
+}
+
+/// Encodes RGB pixels as a PNG at the best compression, written to a temporary file beside
+/// `path` and renamed over it, so a reader never sees half a plot.
+fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<()> {
+    let tmp = path.with_extension("png.tmp");
+    let encode = || -> Result<()> {
+        let file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        let mut encoder = png::Encoder::new(file, width, height);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        encoder.set_compression(png::Compression::Best);
+        encoder.set_adaptive_filter(png::AdaptiveFilterType::Adaptive);
+        let mut writer = encoder.write_header()?;
+        writer.write_image_data(rgb)?;
+        writer.finish()?;
+        Ok(())
+    };
+    if let Err(e) = encode().and_then(|()| Ok(std::fs::rename(&tmp, path)?)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(anyhow!("writing {}: {e}", path.display()));
+    }
+    Ok(())
 }
