@@ -25,6 +25,7 @@ use mlx_core::random::KeyChain;
 use mlx_core::{concatenate, Array};
 
 use crate::calibration::ConfSample;
+use crate::draft_cap::DraftCap;
 use crate::drafter::{DraftRequest, DraftSampling, Drafter};
 use crate::error::{Error, Result};
 use crate::rule::VerifyRule;
@@ -322,6 +323,8 @@ pub struct SpecRounds {
     rule: VerifyRule,
     gamma: usize,
     cut: Option<Cut>,
+    /// Under the throughput schedule: how many drafts to propose, from recent windows.
+    draft_cap: Option<DraftCap>,
     taps: TapSet,
     greedy: bool,
     stats: SpecStats,
@@ -388,6 +391,10 @@ impl SpecRounds {
             cfg: cfg.clone(),
             rule,
             gamma,
+            draft_cap: match &cut {
+                Some(Cut::Throughput(plan)) if plan.draft_cap => Some(DraftCap::new(gamma)),
+                _ => None,
+            },
             cut,
             taps,
             greedy: gen.sampler.is_greedy(),
@@ -454,7 +461,8 @@ impl SpecRounds {
             )));
         }
         let remaining = gen.max_tokens - tokens.len();
-        let max_drafts = gamma.min(remaining - 1);
+        let cap = self.draft_cap.as_ref().map_or(gamma, DraftCap::limit);
+        let max_drafts = gamma.min(remaining - 1).min(cap);
         let anchor = Array::from_slice(&[self.pending], &[1])?;
 
         // Draft.
@@ -486,11 +494,15 @@ impl SpecRounds {
                     drafter.name()
                 )));
             }
-            let mut keep = p.len()?;
+            let offered = p.len()?;
+            let mut keep = offered;
             if let (Some(cut), Some(conf)) = (&self.cut, &p.confidence) {
                 let c = conf.to_f32_vec()?;
                 stats.host_syncs += 1;
                 keep = cut.kept(&c).min(keep);
+                if let Some(cap) = &mut self.draft_cap {
+                    cap.record(offered, keep);
+                }
                 if keep > 0 && keep < p.len()? {
                     p = p.truncate(keep)?;
                 }

@@ -25,6 +25,7 @@ pub mod calibration;
 pub mod context_cache;
 pub mod decode;
 pub mod deepspec;
+pub mod draft_cap;
 pub mod drafter;
 pub mod dspark;
 mod error;

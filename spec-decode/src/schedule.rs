@@ -35,20 +35,28 @@ pub struct ThroughputPlan {
     /// Cost of a round verifying n = 1, 2, … tokens, in decode steps: v(n) = T_verify(n) /
     /// T_decode(1), plus the proposal's cost when profiled (see `profile::VerifyProfile`).
     pub cost: Vec<f32>,
+    /// Propose only a little more than recent windows used ([`crate::draft_cap`]); on by
+    /// default, off to measure what it saves.
+    pub draft_cap: bool,
     /// Choose the window after seeing every confidence (biased; the statistical gate only).
     pub(crate) look_ahead: bool,
 }
 
 impl ThroughputPlan {
     pub fn new(temperatures: Vec<f32>, cost: Vec<f32>) -> ThroughputPlan {
-        ThroughputPlan { temperatures, cost, look_ahead: false }
+        ThroughputPlan { temperatures, cost, draft_cap: true, look_ahead: false }
+    }
+
+    /// The same plan proposing the whole block every round.
+    pub fn without_draft_cap(self) -> ThroughputPlan {
+        ThroughputPlan { draft_cap: false, ..self }
     }
 
     /// The same plan with a scheduler that picks the best window after seeing all confidences
     /// (not a stopping time, so NOT lossless): for the gate that shows its test catches this.
     #[cfg(feature = "testing")]
     pub fn look_ahead(self) -> ThroughputPlan {
-        ThroughputPlan { look_ahead: true, ..self }
+        ThroughputPlan { look_ahead: true, draft_cap: false, ..self }
     }
 
     /// Whether this is the gate's biased look-ahead scheduler.

@@ -33,12 +33,14 @@ pub struct ScriptedConfidence<D: Drafter> {
     pub inner: D,
     pub first: Vec<f32>,
     pub later: Box<dyn Fn(u32) -> f32>,
+    /// The `max_drafts` of every proposal request, in order.
+    pub asked: Vec<usize>,
     state: u64,
 }
 
 impl<D: Drafter> ScriptedConfidence<D> {
     pub fn new(inner: D, first: Vec<f32>, later: Box<dyn Fn(u32) -> f32>, seed: u64) -> Self {
-        ScriptedConfidence { inner, first, later, state: seed }
+        ScriptedConfidence { inner, first, later, asked: Vec::new(), state: seed }
     }
 
     fn next_first(&mut self) -> f32 {
@@ -72,6 +74,7 @@ impl<D: Drafter> Drafter for ScriptedConfidence<D> {
         self.inner.context_len()
     }
     fn propose(&mut self, req: crate::drafter::DraftRequest<'_>) -> Result<crate::drafter::Proposal> {
+        self.asked.push(req.max_drafts);
         let mut p = self.inner.propose(req)?;
         let tokens = p.tokens.to_vec::<u32>()?;
         let mut conf = vec![self.next_first()];

@@ -371,11 +371,24 @@ fn the_throughput_schedule_is_lossless_and_may_skip_drafting() {
     let inner = DSparkDrafter::init(cfg(3, vec![1, 6]), m.config(), "tiny", 3, false).unwrap();
     let mut d = ScriptedConfidence::new(inner, vec![0.4, 0.8], Box::new(|t| if t % 2 == 0 { 0.99 } else { 0.01 }), 7);
     let plan = ThroughputPlan::new(vec![1.0; 3], vec![1.0, 1.5, 1.6, 1.7]);
-    let sc = SpecConfig { generate: gen, gamma: Some(3), pruning: Pruning::Throughput(plan) };
+    let sc = SpecConfig { generate: gen.clone(), gamma: Some(3), pruning: Pruning::Throughput(plan.clone()) };
     let out = speculative_generate(m, &mut d, &p, &sc, |_| {}).unwrap();
     assert_eq!(out.tokens, plain, "greedy output under the throughput schedule");
     let s = &out.stats;
-    // 0.4 never pays for v(2) = 1.5: those rounds are plain steps; 0.8 verifies one or two.
+    // 0.4 never pays for v(2) = 1.5: those rounds are plain steps; 0.8 verifies one or more.
     assert!(s.plain_steps > 1 && s.rounds > 0, "{}", s.summary());
     assert!(s.host_syncs > 0, "the schedule reads the confidences");
+    // The draft cap: the first round asks for the block, later ones follow recent windows.
+    assert_eq!(d.asked[0], 3);
+    assert!(d.asked.iter().all(|&n| (1..=3).contains(&n)), "{:?}", d.asked);
+    assert!(d.asked.iter().any(|&n| n < 3), "after plain steps the loop proposes fewer drafts: {:?}", d.asked);
+
+    // Proposing the whole block every round gives the same output.
+    d.asked.clear();
+    let sc = SpecConfig { generate: gen, gamma: Some(3), pruning: Pruning::Throughput(plan.without_draft_cap()) };
+    let out = speculative_generate(m, &mut d, &p, &sc, |_| {}).unwrap();
+    assert_eq!(out.tokens, plain, "greedy output without the draft cap");
+    // (The last two rounds may ask for less: a request never drafts past max_tokens.)
+    let before_end = d.asked.len().saturating_sub(2);
+    assert!(d.asked[..before_end].iter().all(|&n| n == 3), "{:?}", d.asked);
 }

@@ -578,6 +578,8 @@ pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
         let mut settings: Vec<(String, Option<usize>, Pruning)> =
             (1..=gamma).map(|g| (format!("static γ {g}"), Some(g), Pruning::Off)).collect();
         let plan = ThroughputPlan::new(temps, profile.round_cost(sampler.is_greedy()));
+        // The schedule proposing the whole block every round, to show what the draft cap saves.
+        settings.push(("throughput, whole block".into(), None, Pruning::Throughput(plan.clone().without_draft_cap())));
         settings.push(("throughput".into(), None, Pruning::Throughput(plan)));
         let mut plain_ms = 0.0;
         let mut ms = vec![0.0f64; settings.len()];
@@ -625,10 +627,11 @@ pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
         }
         let thr = settings.len() - 1;
         println!(
-            "throughput schedule vs best static ({}): {:.2}×; vs full blocks (γ {gamma}): {:.2}×",
+            "throughput schedule vs best static ({}): {:.2}×; vs full blocks (γ {gamma}): {:.2}×; vs proposing whole blocks: {:.2}×",
             settings[best_static].0,
             ms[best_static] / ms[thr].max(1e-9),
-            ms[gamma - 1] / ms[thr].max(1e-9)
+            ms[gamma - 1] / ms[thr].max(1e-9),
+            ms[thr - 1] / ms[thr].max(1e-9)
         );
         rows.push(json!({"mode": mode, "plain_tok_per_s": rate(plain_ms),
             "settings": settings.iter().enumerate().map(|(k, s)| json!({"schedule": s.0, "tok_per_s": rate(ms[k]),
