@@ -31,13 +31,15 @@ impl DraftSampling<'_> {
     /// Under sampling, draws one token from the processed distribution of `logits` (the
     /// target's filters and temperature) and returns it with that distribution q, which the
     /// verifier must use as is: recomputing q later from the logits would rely on the filters
-    /// giving the same bits in another batch shape. `logits` // `[1, V]` f32 -> (`[1]` u32,
-    /// `[1, V]` f32). Greedy drafters pick their own argmax; this returns `None` for them.
+    /// giving the same bits in another batch shape. The draw is an inverse-CDF draw from q
+    /// itself, so q is exactly the distribution the token came from. `logits` // `[1, V]` f32
+    /// -> (`[1]` u32, `[1, V]` f32). Greedy drafters pick their own argmax; this returns
+    /// `None` for them.
     pub fn draw(&mut self, logits: &Array) -> Result<Option<(Array, Array)>> {
         let DraftSampling::Sample { cfg, keys } = self else { return Ok(None) };
-        let processed = crate::probs::processed_logits(logits, cfg)?;
-        let token = mlx_core::random::categorical(&processed, -1, &keys.next_key()?)?.astype(mlx_core::Dtype::U32)?;
-        Ok(Some((token, processed.softmax(&[-1], true)?)))
+        let q = crate::probs::probabilities(logits, cfg)?; // [1, V]
+        let u = mlx_core::random::uniform(0.0, 1.0, &[1], mlx_core::Dtype::F32, &keys.next_key()?)?;
+        Ok(Some((crate::probs::sample_rows(&q, &u)?, q)))
     }
 }
 

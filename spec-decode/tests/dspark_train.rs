@@ -147,8 +147,11 @@ fn loss_gradient_matches_finite_differences() {
                 f64::from(loss(&xs).unwrap().to_f32_vec().unwrap()[0])
             };
             let central = |h: f64| (at(h) - at(-h)) / (2.0 * h);
-            let numeric = (4.0 * central(5e-3) - central(1e-2)) / 3.0;
             let analytic = norm(g);
+            // A small gradient moves the f32 loss by little more than its rounding over a step
+            // of 1e-2 (how much rounding depends on the CPU's BLAS kernels): take longer steps.
+            let h = if analytic < 1e-2 { 5e-2 } else { 5e-3 };
+            let numeric = (4.0 * central(h) - central(2.0 * h)) / 3.0;
             // f32 losses of order 1 leave ~1e-5 of rounding in a difference quotient, and the L1
             // term has kinks a step may cross: errors are relative to the gradient (floored at
             // 1e-2) and must stay under 1%.

@@ -11,7 +11,8 @@ use proptest::test_runner::RngSeed;
 use spec_decode::accept::{
     first_rejection_or_bonus, greedy_accept, residual, speculative_sample, step_distribution, NextToken, Verdict,
 };
-use spec_decode::verify::{accept_flags, residual_logits};
+use spec_decode::probs::sample_rows;
+use spec_decode::verify::{accept_flags, residual_weights};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -141,7 +142,9 @@ proptest! {
     ) {
         let v = p.len();
         let row = |x: &[f32]| Array::from_slice(x, &[1, v as i32]).unwrap();
-        let r = residual_logits(&row(&p), &row(&q)).unwrap().softmax(&[-1], true).unwrap().to_f32_vec().unwrap();
+        let w = residual_weights(&row(&p), &row(&q)).unwrap().to_f32_vec().unwrap();
+        let mass: f32 = w.iter().sum();
+        let r: Vec<f32> = w.iter().map(|x| x / mass).collect();
         let want = residual(&p, &q).unwrap_or_else(|| p.clone());
         for t in 0..v {
             prop_assert!((r[t] - want[t]).abs() < 1e-5, "residual at {}: device {} vs host {}", t, r[t], want[t]);
@@ -165,6 +168,35 @@ proptest! {
         let bound = (1.0 - p.iter().map(|&x| f64::from(x)).sum::<f64>()).abs() + 1e-4;
         for t in 0..v {
             prop_assert!((law[t] - f64::from(p[t])).abs() <= bound, "token {}: emitted {} vs p {}", t, law[t], p[t]);
+        }
+    }
+
+    /// Inverse-CDF draws over a grid of N uniforms land on each token in proportion to its
+    /// weight (within one grid step plus f32 rounding), never on a zero weight, and a uniform
+    /// just under 1 still lands on the last positive weight.
+    #[test]
+    fn inverse_cdf_draws_follow_the_weights(
+        (w, scale) in ((2usize..40).prop_flat_map(float_dist), 1e-6f32..8.0)
+    ) {
+        const N: usize = 4096;
+        let v = w.len();
+        let weights: Vec<f32> = w.iter().map(|x| x * scale).collect();
+        let rows = Array::from_slice(&weights.repeat(N + 1), &[N as i32 + 1, v as i32]).unwrap();
+        let mut u: Vec<f32> = (0..N).map(|k| (k as f32 + 0.5) / N as f32).collect();
+        u.push(1.0 - f32::EPSILON / 2.0);
+        let picks = sample_rows(&rows, &Array::from_slice(&u, &[N as i32 + 1]).unwrap()).unwrap().to_vec::<u32>().unwrap();
+        let mut counts = vec![0usize; v];
+        for &t in &picks[..N] {
+            prop_assert!((t as usize) < v && w[t as usize] > 0.0, "drew token {} of weight {:?}", t, w.get(t as usize));
+            counts[t as usize] += 1;
+        }
+        let last_positive = (0..v).rev().find(|&t| w[t] > 0.0).unwrap();
+        prop_assert_eq!(picks[N] as usize, last_positive);
+        let total: f64 = w.iter().map(|&x| f64::from(x)).sum();
+        for t in 0..v {
+            let want = f64::from(w[t]) / total;
+            let got = counts[t] as f64 / N as f64;
+            prop_assert!((got - want).abs() <= 1.0 / N as f64 + 1e-5, "token {}: drawn {} vs weight {}", t, got, want);
         }
     }
 
