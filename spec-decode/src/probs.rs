@@ -30,7 +30,7 @@ pub fn probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
 }
 
 /// Inverse-CDF sampling, one token per row: token i is drawn when the running sum of `weights`
-/// before i is ≤ u·total < the running sum through i, i.e. with probability weights[i] / total.
+/// before i is ≤ u·total < the running sum through i, i.e. with probability `weights[i] / total`.
 /// A token of weight 0 adds nothing to the running sum, so it is never drawn, and the index is
 /// capped at the last token of positive weight (u·total can round up to the total). One
 /// uniform per row instead of Gumbel-max's two logarithms per vocabulary entry.

@@ -482,13 +482,7 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
         let mut totals = spec_decode::SpecStats::default();
         let (mut plain_total, mut spec_total, mut identical) = (0.0, 0.0, 0usize);
         for (i, prompt) in ids.iter().enumerate() {
-            let cfg = GenerateConfig {
-                max_tokens,
-                sampler: sampler.clone(),
-                seed: i as u64,
-                prefill_step: 2048,
-                stop_tokens: vec![],
-            };
+            let cfg = held_out_config(max_tokens, &sampler, i);
             let (mut plain, mut spec) = (Vec::new(), Vec::new());
             let (mut plain_tokens, mut spec_tokens) = (Vec::new(), Vec::new());
             let mut stats = spec_decode::SpecStats::default();
@@ -538,6 +532,12 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
     Ok(json!({"prompts": n, "max_tokens": max_tokens, "gamma": gamma, "compute": resolved.describe(), "rows": rows}))
 }
 
+/// How the default-pair benchmarks decode held-out prompt `i`: no stop token (every prompt
+/// runs its full length) and the prompt's index as the seed.
+fn held_out_config(max_tokens: usize, sampler: &SamplerConfig, i: usize) -> GenerateConfig {
+    GenerateConfig { max_tokens, sampler: sampler.clone(), seed: i as u64, prefill_step: 2048, stop_tokens: vec![] }
+}
+
 /// Draft-length schedules on the embedded default pair: decode speed over `n` held-out prompts
 /// × `max_tokens` with the throughput schedule (calibrated survivals against this machine's
 /// verify-cost profile, measured first when the model has none) against full blocks and every
@@ -585,13 +585,7 @@ pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
         let mut ms = vec![0.0f64; settings.len()];
         let mut stats = vec![spec_decode::SpecStats::default(); settings.len()];
         for (i, prompt) in ids.iter().enumerate() {
-            let cfg = GenerateConfig {
-                max_tokens,
-                sampler: sampler.clone(),
-                seed: i as u64,
-                prefill_step: 2048,
-                stop_tokens: vec![],
-            };
+            let cfg = held_out_config(max_tokens, &sampler, i);
             let g = generate(&model, prompt, &cfg, |_| {})?;
             plain_ms += g.stats.prefill_ms + g.stats.decode_ms;
             for (k, (_, gamma, pruning)) in settings.iter().enumerate() {
