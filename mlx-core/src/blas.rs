@@ -68,27 +68,27 @@ fn time_sgemm(n: usize, reps: usize) -> Result<SgemmCheck> {
 /// same bits whatever the batch: optimized BLAS kernels compute full tiles of rows one way and
 /// tail rows another (OpenBLAS on AVX2: tiles of 8), and single rows may take yet another path.
 /// A diagnostic (`dspark doctor`): models use [`row_linear`] for the products that must agree.
-///
-/// Probed once per process on the CPU (a few dozen small matmuls); 1 for a BLAS whose rows are
-/// always batch-invariant (MLX's bundled reference BLAS). `MLX_CORE_ROW_QUANTUM=N` overrides it.
+/// 1 when the probe found no such padding ([`row_quantum_probe`] says which).
 pub fn row_quantum() -> usize {
-    static QUANTUM: OnceLock<usize> = OnceLock::new();
+    row_quantum_probe().unwrap_or(1)
+}
+
+/// The row quantum as probed once per process on the CPU (a few dozen small matmuls, each row
+/// compared with the same row inside batches of 64 and 128): `Some(1)` when rows are always
+/// batch-invariant (MLX's bundled reference BLAS), `None` when no padding under 64 rows makes
+/// them so (OpenBLAS on an AVX-512 Xeon: a row's bits depend on the batch it is in).
+/// `MLX_CORE_ROW_QUANTUM=N` overrides it.
+pub fn row_quantum_probe() -> Option<usize> {
+    static QUANTUM: OnceLock<Option<usize>> = OnceLock::new();
     *QUANTUM.get_or_init(|| {
         if let Some(n) = std::env::var("MLX_CORE_ROW_QUANTUM").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
-            return n.max(1);
+            return Some(n.max(1));
         }
         match probe_row_quantum() {
-            Ok(Some(q)) => q,
-            Ok(None) => {
-                eprintln!(
-                    "warning: the linked BLAS gives no row padding under 64 batch-invariant f32 matmul rows; \
-                     f32 speculative decoding may differ from plain decoding in the last bits"
-                );
-                1
-            }
+            Ok(q) => q,
             Err(e) => {
                 eprintln!("warning: probing the BLAS row quantum failed ({e}); assuming 1");
-                1
+                Some(1)
             }
         }
     })
@@ -146,15 +146,24 @@ fn probe_row_quantum() -> Result<Option<usize>> {
     let before = Device::default_device()?;
     Device::Cpu.set_default()?;
     let result = (|| {
-        let sizes = [(256, 512), (1024, 1024)];
+        // Small inner dimensions too: OpenBLAS may send a single row with a short K to another
+        // kernel (seen with K = 128 on an AVX-512 Xeon).
+        let sizes = [(128, 512), (256, 512), (1024, 1024)];
         let mut cases = Vec::new();
         for (i, &(k, n)) in sizes.iter().enumerate() {
             let key = crate::random::key(0x5eed + i as u64)?;
             let w = crate::random::normal(&[k, n], Dtype::F32, 0.0, 0.05, &key)?;
             let x = crate::random::normal(&[128, k], Dtype::F32, 0.0, 1.0, &key)?;
-            let canon = x.matmul(&w)?;
-            canon.eval()?;
-            cases.push((x, w, canon));
+            // Both layouts: `x @ W` and `x @ Wᵀ` of a row-major [N, K] (nn.Linear's).
+            let wt = w.transpose(&[1, 0])?.contiguous()?.transpose(&[1, 0])?;
+            for weights in [&w, &wt] {
+                for batch in [64, 128] {
+                    let x = x.slice_axis(0, 0, batch)?;
+                    let canon = x.matmul(weights)?;
+                    canon.eval()?;
+                    cases.push((x, weights.clone(), canon));
+                }
+            }
         }
         'candidates: for q in [1usize, 2, 4, 8, 16, 32, 64] {
             for (x, w, canon) in &cases {
