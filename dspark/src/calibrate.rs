@@ -99,6 +99,12 @@ fn check_flags(a: &Args) -> Result<()> {
     if greedy > 1 || sampled > 1 || greedy + sampled == 0 {
         bail!("--temperatures {:?}: expected 0 (greedy), one positive temperature (sampled), or both", a.temperatures);
     }
+    if let Some(out) = &a.out {
+        // Refused before hours of speculative runs, not after them.
+        if out.exists() && std::fs::read_dir(out).map_or(true, |mut d| d.next().is_some()) {
+            bail!("--out {}: exists and is not an empty directory", out.display());
+        }
+    }
     if a.drafter == "default" {
         if let Some(m) = &a.model {
             bail!(
@@ -233,8 +239,8 @@ fn load_prompts(
     Ok((prompts, tok))
 }
 
-/// Copies a drafter checkpoint's files into `out` (created; an existing non-empty `out` must
-/// be the drafter itself or is refused).
+/// Copies a drafter checkpoint's files into `out` (created; an existing non-empty `out` is
+/// refused, here and before the runs by `check_flags`).
 fn copy_drafter(from: &Path, out: &Path) -> Result<()> {
     if out.exists() && std::fs::read_dir(out)?.next().is_some() {
         bail!("--out {}: exists and is not empty", out.display());

@@ -37,10 +37,13 @@ pub fn run(a: Args) -> Result<()> {
              openblas-devel (Fedora) and rebuild, or set MLX_CORE_BLAS to a libopenblas/libblis .so"
         }
     );
-    let q = blas::row_quantum();
     println!(
         "BLAS rows batch-invariant: {} ; decode/verify products use the row-invariant kernel: {}",
-        if q == 1 { "yes".to_string() } else { format!("no (only in multiples of {q} rows)") },
+        match blas::row_quantum_probe() {
+            Some(1) => "yes".to_string(),
+            Some(q) => format!("no (only in multiples of {q} rows)"),
+            None => "no (a row's bits depend on its batch)".to_string(),
+        },
         yes_no(blas::row_linear_enabled())
     );
     if let Ok(threads) = std::env::var("OPENBLAS_NUM_THREADS") {

@@ -164,8 +164,8 @@ pub fn reliability(path: &Path, title: &str, panels: &[ReliabilityPanel], column
 fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<()> {
     let tmp = path.with_extension("png.tmp");
     let encode = || -> Result<()> {
-        let file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        let mut encoder = png::Encoder::new(file, width, height);
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        let mut encoder = png::Encoder::new(&mut file, width, height);
         encoder.set_color(png::ColorType::Rgb);
         encoder.set_depth(png::BitDepth::Eight);
         encoder.set_compression(png::Compression::Best);
@@ -173,6 +173,8 @@ fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<()> {
         let mut writer = encoder.write_header()?;
         writer.write_image_data(rgb)?;
         writer.finish()?;
+        // A failed flush (a full disk) must not rename a truncated plot into place.
+        std::io::Write::flush(&mut file)?;
         Ok(())
     };
     if let Err(e) = encode().and_then(|()| Ok(std::fs::rename(&tmp, path)?)) {

@@ -38,8 +38,11 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.context == 0 || a.repeats == 0 {
-        bail!("--context and --repeats must be at least 1");
+    if a.context < 2 {
+        bail!("--context {}: expected at least 2 tokens in the cache", a.context);
+    }
+    if a.repeats == 0 {
+        bail!("--repeats 0: expected at least 1 timed repetition");
     }
     if a.max_n.is_some_and(|n| !(2..=64).contains(&n)) {
         bail!("--max-n {}: expected 2 to 64 tokens", a.max_n.unwrap_or(0));

@@ -54,6 +54,10 @@ pub fn choose(
                 cost.last().copied().unwrap_or(f32::NAN),
                 cost.len() - 1
             );
+            let line = match p.mismatch(drafter, model) {
+                Some(why) => format!("{line}; warning: {why} (rerun `dspark profile` with this drafter)"),
+                None => line,
+            };
             Ok((Pruning::Throughput(ThroughputPlan::new(t, cost)), line))
         }
         (t, p) if schedule == Schedule::Throughput => {

@@ -1,14 +1,15 @@
 //! One processing pipeline for target (p) and draft (q) rows, so both see exactly the same
 //! filters: logprobs → top-p → min-p → top-k (gemma4::sampling, mlx-lm's order) → ×1/T, then
-//! f32. Draft logits arrive in f32 and stay f32 (sampling drafts from bf16 logits biases q).
+//! f32. For a bf16 target this is bit for bit what plain decoding feeds its sampler. Draft
+//! logits arrive in f32 and stay f32 (sampling drafts from bf16 logits biases q).
 //!
-//! Without filters the normalisation is skipped: softmax(logits / T) is the same distribution
-//! as softmax(logprobs / T), and the logsumexp it saves is a transcendental per vocabulary entry
-//! and row, which MLX's CPU kernels evaluate one element at a time (≈ 12 ns each; a 4096-token
-//! row costs 50 µs, as much as a decode step of the default's smallest layers).
+//! For f32 rows without filters the normalisation is skipped: softmax(logits / T) is the same
+//! distribution as softmax(logprobs / T) up to f32 rounding, and the logsumexp it saves is a
+//! transcendental per vocabulary entry and row, which MLX's CPU kernels evaluate one element
+//! at a time (≈ 12 ns each: 50 µs for a 4096-entry row).
 
 use gemma4::sampling::{filter, logprobs, SamplerConfig};
-use mlx_core::{Array, Dtype};
+use mlx_core::{where_, Array, Dtype};
 
 use crate::error::Result;
 
@@ -20,7 +21,10 @@ pub fn filters_nothing(cfg: &SamplerConfig) -> bool {
 /// Processed logits (temperature applied, filtered tokens at -inf) in f32 // `[.., V]`
 pub fn processed_logits(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
     let t = if cfg.temperature > 0.0 { cfg.temperature } else { 1.0 };
-    let lp = if filters_nothing(cfg) { logits.astype(Dtype::F32)? } else { filter(&logprobs(logits)?, cfg)? };
+    // The shortcut only for f32 rows: a bf16 target's plain sampler draws from bf16 logprobs
+    // scaled in bf16, and p must be that law to the bit.
+    let shortcut = filters_nothing(cfg) && logits.dtype() == Dtype::F32;
+    let lp = if shortcut { logits.clone() } else { filter(&logprobs(logits)?, cfg)? };
     Ok(if t == 1.0 { lp.astype(Dtype::F32)? } else { lp.mul_scalar(1.0 / t)?.astype(Dtype::F32)? })
 }
 
@@ -29,11 +33,12 @@ pub fn probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
     Ok(processed_logits(logits, cfg)?.softmax(&[-1], true)?)
 }
 
-/// Inverse-CDF sampling, one token per row: token i is drawn when the running sum of `weights`
-/// before i is ≤ u·total < the running sum through i, i.e. with probability `weights[i] / total`.
-/// A token of weight 0 adds nothing to the running sum, so it is never drawn, and the index is
-/// capped at the last token of positive weight (u·total can round up to the total). One
-/// uniform per row instead of Gumbel-max's two logarithms per vocabulary entry.
+/// Inverse-CDF sampling, one token per row: the first token of positive weight whose running
+/// sum of `weights` exceeds u·total, i.e. token i with probability `weights[i] / total` up to the
+/// rounding of an f32 running sum (about 6e-8 of the total per entry). Requiring positive
+/// weight keeps filtered-out tokens (and a residual's zeros) undrawable even where a parallel
+/// scan does not add in order; if u·total rounds up to the total, the last positive token is
+/// drawn. One uniform per row instead of Gumbel-max's two logarithms per vocabulary entry.
 /// `weights` // `[R, V]` f32, non-negative, not necessarily normalised; `u` // `[R]` in [0, 1)
 /// -> `[R]` u32
 pub fn sample_rows(weights: &Array, u: &Array) -> Result<Array> {
@@ -41,7 +46,11 @@ pub fn sample_rows(weights: &Array, u: &Array) -> Result<Array> {
     let cdf = weights.cumsum(-1, false, true)?; // [R, V]
     let total = cdf.slice_axis(-1, v - 1, v)?; // [R, 1]
     let x = u.reshape(&[-1, 1])?.multiply(&total)?; // [R, 1]
-    let below = cdf.less_equal(&x)?.astype(Dtype::U32)?.sum(&[-1], false)?; // [R]
-    let last_positive = cdf.less(&total)?.astype(Dtype::U32)?.sum(&[-1], false)?; // [R]
-    Ok(below.minimum(&last_positive)?.astype(Dtype::U32)?)
+    let positive = weights.greater_scalar(0.0)?.astype(Dtype::U32)?; // [R, V]
+    let passes = cdf.greater(&x)?.astype(Dtype::U32)?.multiply(&positive)?; // [R, V]
+    let first = passes.argmax(-1, false)?.astype(Dtype::U32)?; // [R] (0 when none passes)
+    let found = passes.max(&[-1], false)?.greater_scalar(0.0)?; // [R]
+    let index = Array::arange(0.0, f64::from(v), 1.0, Dtype::U32)?; // [V]
+    let last_positive = positive.multiply(&index)?.argmax(-1, false)?.astype(Dtype::U32)?; // [R]
+    Ok(where_(&found, &first, &last_positive)?)
 }

@@ -56,7 +56,28 @@ pub struct VerifyProfile {
     pub draft_sampled: Option<f32>,
 }
 
+/// A tap set as the profile records it: layer indices, the final norm as the layer count.
+pub fn tap_layers(taps: &TapSet, model: &Model) -> Vec<usize> {
+    taps.points()
+        .iter()
+        .map(|p| match p {
+            gemma4::TapPoint::Layer(i) => *i,
+            gemma4::TapPoint::FinalNorm => model.config().num_hidden_layers,
+        })
+        .collect()
+}
+
 impl VerifyProfile {
+    /// Why this profile may not price rounds of `drafter` right (measured with other taps, or
+    /// without a drafter's proposal cost), if it may not.
+    pub fn mismatch(&self, drafter: &dyn Drafter, model: &Model) -> Option<String> {
+        let taps = tap_layers(&drafter.taps(), model);
+        if self.taps != taps {
+            return Some(format!("it was measured with taps {:?}, this drafter reads {taps:?}", self.taps));
+        }
+        self.draft.is_none().then(|| "it was measured without a drafter, so proposals are priced at 0".to_string())
+    }
+
     /// The cost of a round that verifies n tokens, n = 1, 2, …: the proposal (already paid
     /// when the window is chosen, but part of the round's time) plus v(n) (with the sampled
     /// verdict for sampled decoding, when profiled), in decode steps.
@@ -207,14 +228,7 @@ pub fn measure(
         cost_sampled: Some(verify_sampled.into_iter().map(|t| (median(t) / one) as f32).collect()),
         decode_ms: one * 1e3,
         context,
-        taps: taps
-            .points()
-            .iter()
-            .map(|p| match p {
-                gemma4::TapPoint::Layer(i) => *i,
-                gemma4::TapPoint::FinalNorm => model.config().num_hidden_layers,
-            })
-            .collect(),
+        taps: tap_layers(&taps, model),
         repeats,
         draft: steps(draft),
         draft_sampled: steps(draft_sampled),
