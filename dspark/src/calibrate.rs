@@ -100,10 +100,8 @@ fn check_flags(a: &Args) -> Result<()> {
         bail!("--temperatures {:?}: expected 0 (greedy), one positive temperature (sampled), or both", a.temperatures);
     }
     if let Some(out) = &a.out {
-        // Refused before hours of speculative runs, not after them.
-        if out.exists() && std::fs::read_dir(out).map_or(true, |mut d| d.next().is_some()) {
-            bail!("--out {}: exists and is not an empty directory", out.display());
-        }
+        // Refused before hours of speculative runs, not only after them.
+        refuse_nonempty_out(out)?;
     }
     if a.drafter == "default" {
         if let Some(m) = &a.model {
@@ -239,12 +237,18 @@ fn load_prompts(
     Ok((prompts, tok))
 }
 
+/// `--out` must be absent or an empty directory.
+fn refuse_nonempty_out(out: &Path) -> Result<()> {
+    if out.exists() && std::fs::read_dir(out).map_or(true, |mut d| d.next().is_some()) {
+        bail!("--out {}: exists and is not an empty directory", out.display());
+    }
+    Ok(())
+}
+
 /// Copies a drafter checkpoint's files into `out` (created; an existing non-empty `out` is
 /// refused, here and before the runs by `check_flags`).
 fn copy_drafter(from: &Path, out: &Path) -> Result<()> {
-    if out.exists() && std::fs::read_dir(out)?.next().is_some() {
-        bail!("--out {}: exists and is not empty", out.display());
-    }
+    refuse_nonempty_out(out)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
         let e = e?;

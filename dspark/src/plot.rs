@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -49,14 +50,9 @@ pub fn verify_cost(path: &Path, title: &str, curves: &[Curve]) -> Result<bool> {
     }
     let kmax = curves.iter().map(|c| c.values.len()).max().unwrap_or(1).max(1);
     let ymax = curves.iter().flat_map(|c| c.values.iter().copied()).fold(kmax as f64, f64::max) * 1.05;
-    let (width, height) = (900, 560);
-    let mut pixels = vec![0u8; width as usize * height as usize * 3];
-    // The drawing borrows the pixels until its end.
-    {
-        let root = BitMapBackend::with_buffer(&mut pixels, (width, height)).into_drawing_area();
+    render(path, (900, 560), |root| {
         let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
-        root.fill(&WHITE).map_err(|e| err(&e))?;
-        let mut chart = ChartBuilder::on(&root)
+        let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 22))
             .margin(12)
             .x_label_area_size(40)
@@ -91,9 +87,8 @@ pub fn verify_cost(path: &Path, title: &str, curves: &[Curve]) -> Result<bool> {
             .border_style(BLACK)
             .draw()
             .map_err(|e| err(&e))?;
-        root.present().map_err(|e| err(&e))?;
-    }
-    write_png(path, &pixels, width, height)?;
+        Ok(())
+    })?;
     Ok(true)
 }
 
@@ -112,13 +107,8 @@ pub fn reliability(path: &Path, title: &str, panels: &[ReliabilityPanel], column
     }
     let columns = columns.max(1);
     let rows = panels.len().div_ceil(columns).max(1);
-    let (width, height) = (380 * columns as u32, 360 * rows as u32 + 40);
-    let mut pixels = vec![0u8; width as usize * height as usize * 3];
-    // The drawing borrows the pixels until its end.
-    {
-        let root = BitMapBackend::with_buffer(&mut pixels, (width, height)).into_drawing_area();
+    render(path, (380 * columns as u32, 360 * rows as u32 + 40), |root| {
         let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
-        root.fill(&WHITE).map_err(|e| err(&e))?;
         let root = root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?;
         for (panel, area) in panels.iter().zip(root.split_evenly((rows, columns))) {
             let mut chart = ChartBuilder::on(&area)
@@ -153,10 +143,28 @@ pub fn reliability(path: &Path, title: &str, panels: &[ReliabilityPanel], column
                 .draw()
                 .map_err(|e| err(&e))?;
         }
+        Ok(())
+    })?;
+    Ok(true)
+}
+
+/// Draws on a white canvas of width × height pixels in memory, then writes it as a PNG at
+/// `path`.
+fn render(
+    path: &Path,
+    (width, height): (u32, u32),
+    draw: impl FnOnce(&DrawingArea<BitMapBackend<'_>, Shift>) -> Result<()>,
+) -> Result<()> {
+    let mut pixels = vec![0u8; width as usize * height as usize * 3];
+    // The drawing area borrows the pixels until it is dropped.
+    {
+        let root = BitMapBackend::with_buffer(&mut pixels, (width, height)).into_drawing_area();
+        let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
+        root.fill(&WHITE).map_err(|e| err(&e))?;
+        draw(&root)?;
         root.present().map_err(|e| err(&e))?;
     }
-    write_png(path, &pixels, width, height)?;
-    Ok(true)
+    write_png(path, &pixels, width, height)
 }
 
 /// Encodes RGB pixels as a PNG at the best compression, written to a temporary file beside
@@ -182,4 +190,31 @@ fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<()> {
         return Err(anyhow!("writing {}: {e}", path.display()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reliability_diagram_is_written_whole_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("dspark-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("reliability.png");
+        let panel = |title: &str| ReliabilityPanel {
+            title: title.into(),
+            positions: vec![vec![(0.2, 0.1), (0.6, 0.5)], vec![(0.1, 0.2), (0.5, 0.7)]],
+        };
+        let written = reliability(&path, "test", &[panel("a"), panel("b"), panel("c")], 2).unwrap();
+        if written {
+            let bytes = std::fs::read(&path).unwrap();
+            let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+            let info = decoder.read_info().unwrap().info().clone();
+            assert_eq!((info.width, info.height), (760, 2 * 360 + 40), "two columns, two rows and a title");
+        } else {
+            assert!(!path.exists(), "no font: nothing written");
+        }
+        assert!(!path.with_extension("png.tmp").exists(), "the temporary file is renamed away");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

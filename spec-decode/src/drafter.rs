@@ -38,8 +38,7 @@ impl DraftSampling<'_> {
     pub fn draw(&mut self, logits: &Array) -> Result<Option<(Array, Array)>> {
         let DraftSampling::Sample { cfg, keys } = self else { return Ok(None) };
         let q = crate::probs::probabilities(logits, cfg)?; // [1, V]
-        let u = mlx_core::random::uniform(0.0, 1.0, &[1], mlx_core::Dtype::F32, &keys.next_key()?)?;
-        Ok(Some((crate::probs::sample_rows(&q, &u)?, q)))
+        Ok(Some((crate::probs::draw_rows(&q, keys)?, q)))
     }
 }
 

@@ -9,6 +9,7 @@
 //! at a time (≈ 12 ns each: 50 µs for a 4096-entry row).
 
 use gemma4::sampling::{filter, logprobs, SamplerConfig};
+use mlx_core::random::{uniform, KeyChain};
 use mlx_core::{where_, Array, Dtype};
 
 use crate::error::Result;
@@ -53,4 +54,11 @@ pub fn sample_rows(weights: &Array, u: &Array) -> Result<Array> {
     let index = Array::arange(0.0, f64::from(v), 1.0, Dtype::U32)?; // [V]
     let last_positive = positive.multiply(&index)?.argmax(-1, false)?.astype(Dtype::U32)?; // [R]
     Ok(where_(&found, &first, &last_positive)?)
+}
+
+/// [`sample_rows`] with one fresh uniform per row from the next key of `keys`.
+/// `weights` // `[R, V]` -> `[R]` u32
+pub fn draw_rows(weights: &Array, keys: &mut KeyChain) -> Result<Array> {
+    let u = uniform(0.0, 1.0, &[weights.dim(0)?], Dtype::F32, &keys.next_key()?)?;
+    sample_rows(weights, &u)
 }

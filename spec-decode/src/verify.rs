@@ -1,7 +1,7 @@
 //! Verification of one round on the device: the greedy verdict (longest prefix of drafts equal
 //! to the target's picks) and speculative sampling, whose pieces (`accept_flags`,
-//! `residual_weights`, `probs::sample_rows`) are public so the property tests check the very ops the loop runs against
-//! the host reference in `accept`.
+//! `residual_weights`, `probs::sample_rows`) are public so the property tests check the very
+//! ops the loop runs against the host reference in `accept`.
 
 use gemma4::sampling::{logprobs, SamplerConfig};
 use mlx_core::random::{self, KeyChain};
@@ -10,7 +10,7 @@ use mlx_core::{concatenate, where_, Array, Dtype};
 use crate::accept::{first_rejection_or_bonus, NextToken, RESIDUAL_MASS_EPSILON};
 use crate::drafter::Proposal;
 use crate::error::{Error, Result};
-use crate::probs::{probabilities, sample_rows};
+use crate::probs::{draw_rows, probabilities};
 use crate::rule::VerifyRule;
 use crate::stats::SpecStats;
 
@@ -58,7 +58,7 @@ pub fn accept_flags(u: &Array, px: &Array, qx: &Array) -> Result<Array> {
 
 /// Weights of each row's residual max(p − q, 0) (unnormalised), or p itself where that mass is
 /// (numerically) zero, i.e. where p ≤ q everywhere and a rejection cannot happen.
-/// `p`, `q` // `[d, V]` f32 probabilities -> `[d, V]` f32, for [`sample_rows`]
+/// `p`, `q` // `[d, V]` f32 probabilities -> `[d, V]` f32, for [`draw_rows`]
 pub fn residual_weights(p: &Array, q: &Array) -> Result<Array> {
     let res = p.subtract(q)?.maximum_scalar(0.0)?;
     let empty = res.sum(&[-1], true)?.less_equal_scalar(RESIDUAL_MASS_EPSILON)?;
@@ -67,7 +67,7 @@ pub fn residual_weights(p: &Array, q: &Array) -> Result<Array> {
 
 /// Speculative sampling with every random draw made on the device: per position k the accept
 /// flag and a residual draw, plus the bonus draw from p_d, read back in one transfer. Draws
-/// are inverse-CDF draws ([`sample_rows`]): no logarithm over the vocabulary. The host
+/// are inverse-CDF draws ([`draw_rows`]): no logarithm over the vocabulary. The host
 /// takes the first rejected position's residual draw, or the bonus if none was rejected.
 /// `logits` // `[d+1, V]`
 pub(crate) fn sampled_verdict(
@@ -84,8 +84,7 @@ pub(crate) fn sampled_verdict(
         None => 0,
     };
     let p_bonus = p.slice_axis(0, d, d + 1)?;
-    let u_bonus = random::uniform(0.0, 1.0, &[1], Dtype::F32, &keys.next_key()?)?;
-    let bonus = sample_rows(&p_bonus, &u_bonus)?; // [1]
+    let bonus = draw_rows(&p_bonus, keys)?; // [1]
     let Some(prop) = proposal else {
         let host = bonus.to_vec::<u32>()?;
         stats.host_syncs += 1;
@@ -99,8 +98,7 @@ pub(crate) fn sampled_verdict(
     let qx = q.take_along_axis(&idx, -1)?.reshape(&[d])?;
     let u = random::uniform(0.0, 1.0, &[d], Dtype::F32, &keys.next_key()?)?;
     let accept = accept_flags(&u, &px, &qx)?; // [d] bool
-    let u_residual = random::uniform(0.0, 1.0, &[d], Dtype::F32, &keys.next_key()?)?;
-    let recovered = sample_rows(&residual_weights(&pk, q)?, &u_residual)?; // [d]
+    let recovered = draw_rows(&residual_weights(&pk, q)?, keys)?; // [d]
     let packed = concatenate(&[&prop.tokens, &accept.astype(Dtype::U32)?, &recovered, &bonus], 0)?;
     let host = packed.to_vec::<u32>()?;
     stats.host_syncs += 1;

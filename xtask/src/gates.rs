@@ -620,10 +620,12 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         // A broken verifier or scheduler is rejected overwhelmingly; a quarter of the samples
         // shows it (an eighth for the look-ahead, rejected at p ≈ 1e-7 with 1000).
         let broken = *rule == VerifyRule::AcceptAll || look_ahead;
-        let n_spec = match (broken, look_ahead) {
-            (true, true) => (n / 8).max(1000),
-            (true, false) => (n / 4).max(1000),
-            _ => n,
+        let n_spec = if look_ahead {
+            (n / 8).max(1000)
+        } else if broken {
+            (n / 4).max(1000)
+        } else {
+            n
         };
         let mut spec = Vec::with_capacity(n_spec);
         let mut totals = spec_decode::SpecStats::default();
