@@ -1,6 +1,6 @@
 """mlx-lm's side of `cargo xtask bench`: decode and prefill speed on one checkpoint.
 
-Usage: python bench.py JOB_JSON  (model, f32, reps, decode_tokens, decode_prompt, prefill_prompt)
+Usage: python bench.py JOB_JSON  (model, f32, gpu, reps, decode_tokens, decode_prompt, prefill_prompt)
 Prints {"decode_tok_per_s", "prefill_tok_per_s"} (medians over reps) as JSON.
 """
 
@@ -31,6 +31,7 @@ def timed(model, prompt, max_tokens):
 
 def main():
     job = json.loads(sys.argv[1])
+    mx.set_default_device(mx.gpu if job.get("gpu") else mx.cpu)
     model = load_model(Path(job["model"]))[0]
     if job["f32"]:
         model.set_dtype(mx.float32)

@@ -89,11 +89,12 @@ fn ours_speed(model: &Model, plan: &Plan) -> Result<(f64, f64)> {
 /// mlx-lm on the same checkpoint (`f32`: cast with `set_dtype`, on our BLAS through LD_PRELOAD).
 fn reference_speed(python: &Path, dir: &Path, f32: bool, plan: &Plan, vocab: usize) -> Result<(f64, f64)> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/bench.py");
-    let job = json!({"model": dir, "f32": f32, "reps": plan.reps, "decode_tokens": plan.decode_tokens,
+    let gpu = Device::default_device()? == Device::Gpu;
+    let job = json!({"model": dir, "f32": f32, "gpu": gpu, "reps": plan.reps, "decode_tokens": plan.decode_tokens,
                      "decode_prompt": ids(8, vocab), "prefill_prompt": ids(plan.prefill_tokens, vocab)});
     let mut cmd = Command::new(python);
     cmd.arg(&script).arg(job.to_string());
-    if let (true, Some(blas)) = (f32, mlx_core::blas::linked()) {
+    if let (true, false, Some(blas)) = (f32, gpu, mlx_core::blas::linked()) {
         cmd.env("LD_PRELOAD", blas);
     }
     let out = cmd.output().context("running py/bench.py")?;
@@ -178,8 +179,9 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
     std::fs::create_dir_all(root)?;
     let check = mlx_core::blas::sgemm_check(1024, 5)?;
     println!(
-        "bench: MLX {} | BLAS {} | f32 1024² matmul {:.1} GFLOP/s | row quantum {} | {} CPU threads",
+        "bench: MLX {} on {:?} | BLAS {} | f32 1024² matmul {:.1} GFLOP/s | row quantum {} | {} CPU threads",
         mlx_core::mlx_version(),
+        Device::default_device()?,
         mlx_core::blas::linked().unwrap_or("bundled reference"),
         check.gflops,
         mlx_core::blas::row_quantum(),
@@ -210,7 +212,7 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
     let mut curves = Vec::new();
     let mut drafter_rounds = Vec::new();
     for (dir, dtype, label, reference) in cases {
-        let (model, _) = Model::load_as(dir, dtype, Device::Cpu)?;
+        let (model, _) = Model::load_as(dir, dtype, Device::default_device()?)?;
         let slow = slow_plan(&plan);
         let p = if dir == q4.as_path() && dtype == ComputeDtype::Stored { &slow } else { &plan };
         let (dec, pre) = ours_speed(&model, p)?;
@@ -290,7 +292,7 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
 /// (fastest of `reps`), plus the whole round as `SpecRounds` runs it. Milliseconds.
 pub fn round_breakdown(model_dir: &Path, drafter_dir: &Path, ctx: usize, reps: usize) -> Result<Value> {
     use spec_decode::{DraftRequest, DraftSampling};
-    let (model, resolved) = Model::load_as(model_dir, ComputeDtype::Auto, Device::Cpu)?;
+    let (model, resolved) = Model::load_as(model_dir, ComputeDtype::Auto, Device::default_device()?)?;
     let mut drafter = spec_decode::load_drafter(drafter_dir, model.config())?;
     let gamma = drafter.gamma();
     let taps = drafter.taps();
@@ -453,7 +455,7 @@ pub fn round_breakdown(model_dir: &Path, drafter_dir: &Path, ctx: usize, reps: u
 pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
     let dir = dspark::default_model::ensure(false)?;
     let ddir = dspark::default_model::ensure_drafter(false)?;
-    let (model, resolved) = Model::load_as(&dir, ComputeDtype::Auto, Device::Cpu)?;
+    let (model, resolved) = Model::load_as(&dir, ComputeDtype::Auto, Device::default_device()?)?;
     let (prompts, ids) = crate::train_default::test_prompt_ids(&dir, n)?;
     let samplers = [
         ("greedy", SamplerConfig::greedy()),
@@ -547,11 +549,11 @@ pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
     use spec_decode::{Pruning, SpecConfig, ThroughputPlan};
     let dir = dspark::default_model::ensure(false)?;
     let ddir = dspark::default_model::ensure_drafter(false)?;
-    let (model, resolved) = Model::load_as(&dir, ComputeDtype::Auto, Device::Cpu)?;
+    let (model, resolved) = Model::load_as(&dir, ComputeDtype::Auto, Device::default_device()?)?;
     let (_, ids) = crate::train_default::test_prompt_ids(&dir, n)?;
     let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;
     let gamma = drafter.gamma();
-    let key = spec_decode::profile::profile_key(Device::Cpu, &model);
+    let key = spec_decode::profile::profile_key(Device::default_device()?, &model);
     let profile = match spec_decode::profile::load(&dir, &key)? {
         Some(p) => p,
         None => {

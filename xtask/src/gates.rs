@@ -163,7 +163,7 @@ fn default_pair_parity(tokens: usize) -> Result<(usize, Vec<String>)> {
     let p = crate::train_default::test_prompt_ids(&dir, 1)?.1.remove(0);
     let (mut accepted, mut failures) = (0, Vec::new());
     for dtype in [gemma4::ComputeDtype::Auto, gemma4::ComputeDtype::Stored] {
-        let (model, resolved) = Model::load_as(&dir, dtype, mlx_core::Device::Cpu)?;
+        let (model, resolved) = Model::load_as(&dir, dtype, mlx_core::Device::default_device()?)?;
         let window = model.config().sliding_window;
         // Past the window: the prompt plus at least twice the window.
         let n = tokens.max(2 * window + 8);
@@ -704,7 +704,7 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
 pub fn default_pair_distribution(n: usize) -> Result<Vec<String>> {
     let dir = dspark::default_model::ensure(false)?;
     let ddir = dspark::default_model::ensure_drafter(false)?;
-    let (model, resolved) = Model::load_as(&dir, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)?;
+    let (model, resolved) = Model::load_as(&dir, gemma4::ComputeDtype::Auto, mlx_core::Device::default_device()?)?;
     let prompt = crate::train_default::test_prompt_ids(&dir, 1)?.1.remove(0);
     let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;
     let pre = prefill(&model, &drafter.taps(), &prompt, 2048)?;

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use mlx_core::Device;
 
 #[derive(Parser)]
 #[command(about = "dspark-rs gates and benchmarks")]
@@ -53,6 +54,9 @@ enum Cmd {
         /// Only break a speculative round on this pair down into its parts: MODEL,DRAFTER.
         #[arg(long, value_delimiter = ',')]
         round: Option<Vec<PathBuf>>,
+        /// Where models run: cpu, or gpu (an MLX build with CUDA or Metal).
+        #[arg(long, default_value = "cpu")]
+        device: Device,
     },
     /// Rebuild the embedded default (tokenizer, target, drafter) from the Python standard
     /// library and install it in dspark/default/ (about an hour on 2 cores).
@@ -84,7 +88,19 @@ enum Cmd {
         /// Where checkpoints go.
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Where models run: cpu, or gpu (an MLX build with CUDA or Metal).
+        #[arg(long, default_value = "cpu")]
+        device: Device,
     },
+}
+
+/// Makes `device` MLX's default, so every model, cache and drafter of the run lives there.
+fn use_device(device: Device) -> Result<()> {
+    if !device.is_available() {
+        anyhow::bail!("--device {device:?}: the MLX linked here ({}) has no such backend", mlx_core::MLX_DIR);
+    }
+    device.set_default()?;
+    Ok(())
 }
 
 fn target_dir() -> PathBuf {
@@ -94,7 +110,11 @@ fn target_dir() -> PathBuf {
 }
 
 fn main() -> Result<()> {
-    match Cli::parse().cmd {
+    let cmd = Cli::parse().cmd;
+    if let Cmd::Bench { device, .. } | Cmd::Gates { device, .. } = &cmd {
+        use_device(*device)?;
+    }
+    match cmd {
         // Timings mean nothing in a debug build of the workspace crates: rerun optimized.
         Cmd::Bench { .. } if cfg!(debug_assertions) => {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -141,7 +161,7 @@ fn main() -> Result<()> {
             let venv = venv.unwrap_or_else(|| target_dir().join("reference-venv"));
             parity::run(&dir, &venv, tokens)
         }
-        Cmd::Gates { tokens, samples, only, dir } => {
+        Cmd::Gates { tokens, samples, only, dir, .. } => {
             let dir = dir.unwrap_or_else(|| target_dir().join("gates"));
             std::fs::create_dir_all(&dir)?;
             let run = |name: &str| only.as_deref().is_none_or(|o| o == name);

@@ -9,8 +9,13 @@ use anyhow::{bail, Context, Result};
 /// Pinned reference versions: the parity gate holds gemma4 to mlx-lm 0.32.2 on mlx 0.32.4.
 pub const PACKAGES: [&str; 3] = ["mlx==0.32.4", "mlx-cpu==0.32.4", "mlx-lm==0.32.2"];
 
-/// Creates (once) and returns the reference venv's python.
+/// Creates (once) and returns the reference venv's python, or `XTASK_REFERENCE_PYTHON` when
+/// set: a python that already imports the pinned mlx and mlx-lm (a machine with no package
+/// index, or an MLX build with CUDA).
 pub fn ensure(dir: &Path) -> Result<PathBuf> {
+    if let Some(python) = std::env::var_os("XTASK_REFERENCE_PYTHON") {
+        return Ok(PathBuf::from(python));
+    }
     ensure_with(dir, &PACKAGES)
 }
 
