@@ -174,6 +174,95 @@ fn drafter_round_cost(model: &Model, rows: &[usize], reps: usize) -> Result<Vec<
     Ok(out)
 }
 
+/// The mid-size (`quick`: small) random checkpoint in bf16 under `root`, written once: its name
+/// and directory.
+fn mid_checkpoint(root: &Path, quick: bool) -> Result<(&'static str, PathBuf)> {
+    let name = if quick { "small-random" } else { "mid-random" };
+    let mid = root.join(format!("{name}-bf16"));
+    if !mid.join("config.json").is_file() {
+        eprintln!("bench: writing the {name} checkpoint (bf16) under {}", root.display());
+        write_random_checkpoint(&mid, &mid_config(quick)?, 99, Dtype::Bf16, 1, true)?;
+    }
+    Ok((name, mid))
+}
+
+/// Prefill of an `n`-token prompt, plain and with a DSpark drafter (tapped prefill, then the
+/// drafter's context K/V projected and evaluated), in ms: medians of `reps`. The drafter's
+/// context is evaluated by its first proposal, so that proposal's time, less a later one's,
+/// is counted as prefill.
+fn prefill_cost(model: &Model, n: usize, reps: usize) -> Result<(f64, f64)> {
+    use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
+    use spec_decode::{DraftRequest, DraftSampling, Drafter};
+    let tcfg = model.config();
+    let layers = tcfg.num_hidden_layers;
+    let cfg = DSparkConfig { gamma: 7, ..DSparkConfig::with_taps(vec![layers / 2, layers]) };
+    let mut drafter = DSparkDrafter::init(cfg, tcfg, "bench", 5, true)?;
+    let taps = drafter.taps();
+    let prompt = ids(n, tcfg.vocab_size);
+    let (mut plain, mut tapped) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t = Instant::now();
+        let mut cache = model.new_cache();
+        prefill(model, &mut cache, &prompt, 2048)?.eval()?;
+        plain.push(t.elapsed().as_secs_f64() * 1e3);
+
+        let t = Instant::now();
+        let mut pre = spec_decode::prefill(model, &taps, &prompt, 2048)?;
+        let ctx = pre.take_ctx();
+        drafter.reset(ctx.as_ref(), pre.committed())?;
+        drop(ctx);
+        let anchor = mlx_core::Array::from_slice(&[pre.pending()], &[1])?;
+        let mut propose = || -> Result<()> {
+            let req = DraftRequest {
+                anchor: &anchor,
+                position: pre.committed(),
+                max_drafts: 7,
+                sampling: DraftSampling::Greedy,
+                target: model,
+                target_cache: pre.cache(),
+            };
+            Ok(drafter.propose(req)?.tokens.eval()?)
+        };
+        propose()?;
+        let with_first_round = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        propose()?;
+        tapped.push(with_first_round - t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((median(plain), median(tapped)))
+}
+
+/// `cargo xtask bench --costs`: the CPU fast path's cost targets on the mid-size checkpoint in
+/// f32: v(k) stepwise and batched, the drafter's round by context length, and prefill of a
+/// 4,096-token prompt with and without a drafter.
+pub fn costs(root: &Path, reps: usize) -> Result<Value> {
+    std::fs::create_dir_all(root)?;
+    let (name, mid) = mid_checkpoint(root, false)?;
+    let (model, resolved) = Model::load_as(&mid, ComputeDtype::F32, Device::default_device()?)?;
+    println!("bench --costs: {name}, {} on {:?}", resolved.describe(), Device::default_device()?);
+    let (stepwise, batched) = verify_curve(&model, reps)?;
+    let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" ");
+    println!("v(k), k = 1..8, stepwise: {}", fmt(&stepwise));
+    println!("v(k), k = 1..8, batched:  {}", fmt(&batched));
+    let rounds = drafter_round_cost(&model, &[64, 512, 2048, 8192], reps)?;
+    let base = rounds.first().map_or(1.0, |r| r.1).max(1e-9);
+    for (l, ms) in &rounds {
+        println!("drafter round after {l:>5} context rows: {ms:.2} ms ({:.2}×)", ms / base);
+    }
+    let (plain, tapped) = prefill_cost(&model, 4096, reps.min(3))?;
+    println!(
+        "prefill of 4,096 tokens: plain {:.0} ms, with a drafter {:.0} ms ({:.2}×)",
+        plain,
+        tapped,
+        tapped / plain.max(1e-9)
+    );
+    Ok(json!({
+        "checkpoint": mid, "compute": resolved.describe(), "verify_cost": {"stepwise": stepwise, "batched": batched},
+        "drafter_round_ms": rounds.iter().map(|(l, ms)| json!({"context_rows": l, "ms": ms})).collect::<Vec<_>>(),
+        "prefill_4096_ms": {"plain": plain, "with_drafter": tapped},
+    }))
+}
+
 pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
     let plan = Plan::new(quick);
     std::fs::create_dir_all(root)?;
@@ -188,12 +277,7 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     let cfg = mid_config(quick)?;
-    let name = if quick { "small-random" } else { "mid-random" };
-    let mid: PathBuf = root.join(format!("{name}-bf16"));
-    if !mid.join("config.json").is_file() {
-        eprintln!("bench: writing the {name} checkpoint (bf16) under {}", root.display());
-        write_random_checkpoint(&mid, &cfg, 99, Dtype::Bf16, 1, true)?;
-    }
+    let (name, mid) = mid_checkpoint(root, quick)?;
     let q4 = root.join(format!("{name}-q4"));
     if !q4.join("config.json").is_file() {
         quantize_checkpoint(&mid, &q4, 4, 64, true)?;

@@ -51,6 +51,10 @@ enum Cmd {
         /// full blocks and every static γ, greedy and T = 1 (20 held-out prompts × 128 tokens).
         #[arg(long)]
         schedules: bool,
+        /// Only the CPU fast path's cost targets on the mid-size checkpoint in f32: v(k), the
+        /// drafter's round by context length, prefill of 4,096 tokens with and without a drafter.
+        #[arg(long)]
+        costs: bool,
         /// Only break a speculative round on this pair down into its parts: MODEL,DRAFTER.
         #[arg(long, value_delimiter = ',')]
         round: Option<Vec<PathBuf>>,
@@ -135,6 +139,13 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("schedules.json"), serde_json::to_string_pretty(&r)?)?;
             println!("wrote {}", dir.join("schedules.json").display());
+            Ok(())
+        }
+        Cmd::Bench { costs: true, dir, .. } => {
+            let dir = dir.unwrap_or_else(|| target_dir().join("bench"));
+            let r = bench::costs(&dir, 5)?;
+            std::fs::write(dir.join("costs.json"), serde_json::to_string_pretty(&r)?)?;
+            println!("wrote {}", dir.join("costs.json").display());
             Ok(())
         }
         Cmd::Bench { default: true, dir, .. } => {
