@@ -52,7 +52,7 @@ pub struct Args {
     lr: f64,
     #[arg(long, default_value_t = 50, allow_negative_numbers = true)]
     warmup: u64,
-    /// Context rows before each anchor.
+    /// Context rows before each anchor; also the trained drafter's context window at run time.
     #[arg(long, default_value_t = 256, allow_negative_numbers = true)]
     max_ctx: usize,
     #[arg(long, default_value_t = 0)]
@@ -129,6 +129,8 @@ pub fn run(a: Args) -> Result<()> {
         tap_layers: meta.tap_layers.clone(),
         seq_head: None,
         sts: None,
+        // At run time the backbone reads as many context rows as it trained with.
+        ctx_window: Some(a.max_ctx),
     };
     let name = a.model.file_name().and_then(|n| n.to_str()).unwrap_or("target");
     let init = DSparkDrafter::init(cfg, model.config(), name, a.seed, false)?;

@@ -21,13 +21,28 @@ pub struct LayerKv {
 #[derive(Clone, Debug)]
 pub struct ContextCache {
     layers: Vec<LayerCache>,
+    /// Committed rows, including any before the stored ones (a windowed drafter is seeded with
+    /// only the last rows of a long prompt).
     len: usize,
+    /// Committed rows not stored: they precede the buffers' first row.
+    skipped: usize,
 }
 
 impl ContextCache {
     /// An empty context for a drafter of `layers` layers.
     pub fn new(layers: usize) -> ContextCache {
-        ContextCache { layers: (0..layers).map(|_| LayerCache::Full(KvCache::new())).collect(), len: 0 }
+        ContextCache { layers: (0..layers).map(|_| LayerCache::Full(KvCache::new())).collect(), len: 0, skipped: 0 }
+    }
+
+    /// An empty context whose first stored row will be committed row `skipped`: the rows before
+    /// it count as committed but are not kept.
+    pub fn after(layers: usize, skipped: usize) -> ContextCache {
+        ContextCache { len: skipped, skipped, ..ContextCache::new(layers) }
+    }
+
+    /// Committed rows held in the buffers.
+    pub fn stored(&self) -> usize {
+        self.len - self.skipped
     }
 
     /// Committed rows.

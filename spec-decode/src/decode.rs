@@ -89,7 +89,8 @@ pub struct SpecOutput {
 #[derive(Clone, Debug)]
 pub struct Prefilled {
     cache: Cache,
-    /// Tapped rows of the committed prompt tokens // `[1, L−1, m·H]`
+    /// Tapped rows of the committed prompt tokens, the last `taps.window()` of them when the
+    /// taps have a window // `[1, min(L−1, window), m·H]`
     pub(crate) ctx: Option<Array>,
     taps: TapSet,
     pending: u32,
@@ -120,7 +121,8 @@ impl Prefilled {
         self.prompt_tokens
     }
 
-    /// Hands over the tapped rows of the committed prompt tokens (to seed a drafter once).
+    /// Hands over the tapped rows of the committed prompt tokens (to seed a drafter once): all
+    /// of them, or the last `window` when the taps have one.
     pub fn take_ctx(&mut self) -> Option<Array> {
         self.ctx.take()
     }
@@ -140,8 +142,10 @@ impl Prefilled {
 pub struct PrefixState {
     tokens: Vec<u32>,
     cache: Cache,
-    /// Tapped rows per chunk // each `[1, chunk, m·H]`
+    /// Tapped rows per tapped chunk // each `[1, chunk, m·H]`
     rows: Vec<Array>,
+    /// The committed row `rows` start at (the state's length when no chunk was tapped).
+    rows_start: usize,
     taps: TapSet,
     step: usize,
     forwards: usize,
@@ -155,15 +159,19 @@ impl PrefixState {
 
     /// Whether [`prefill_from`] may resume from this state for `prompt` (tapped with `taps`, in
     /// chunks of `step`): the state's tokens start `prompt`'s head (all tokens but the last),
-    /// and it ends on a chunk boundary of the same grid or covers the whole head.
+    /// and it ends on a chunk boundary of the same grid or covers the whole head; and it holds
+    /// the tapped rows `prompt` needs from before its end (with a tap window, a state made for
+    /// a longer prompt may have left them untapped).
     pub fn resumable_for(&self, taps: &TapSet, prompt: &[u32], step: usize) -> bool {
         let head = prompt.len().saturating_sub(1);
         let n = self.tokens.len();
+        let needed = taps.first_needed_row(head);
         self.taps == *taps
             && self.step == step.max(1)
             && n <= head
             && prompt[..n] == self.tokens[..]
             && (n.is_multiple_of(self.step) || n == head)
+            && (taps.is_empty() || needed >= n || self.rows_start <= needed)
     }
 }
 
@@ -202,9 +210,14 @@ pub fn prefill_from(
         });
     }
     let t0 = Instant::now();
-    let (mut cache, mut rows, mut forwards, start) = match from {
-        None => (target.new_cache(), Vec::new(), 0, 0),
-        Some(f) if f.resumable_for(taps, prompt, step) => (f.cache.clone(), f.rows.clone(), f.forwards, f.tokens.len()),
+    // With a tap window, chunks that end before the first needed row run untapped.
+    let needed = taps.first_needed_row(head.len());
+    let (mut cache, mut rows, mut rows_start, mut forwards, start) = match from {
+        None => (target.new_cache(), Vec::new(), None, 0, 0),
+        Some(f) if f.resumable_for(taps, prompt, step) => {
+            let start = (!f.rows.is_empty()).then_some(f.rows_start);
+            (f.cache.clone(), f.rows.clone(), start, f.forwards, f.tokens.len())
+        }
         Some(_) => {
             return Err(Error::Contract(
                 "a prefix state can only be resumed on a chunk boundary of the same grid and taps".into(),
@@ -214,11 +227,12 @@ pub fn prefill_from(
     let mut done = start;
     for chunk in head[start..].chunks(step) {
         let ids = gemma4::generate::ids_array(chunk)?;
-        if taps.is_empty() {
+        if taps.is_empty() || done + chunk.len() <= needed {
             target.forward(&ids, Some(&mut cache))?;
         } else if let Some(t) = target.forward_tapped(&ids, Some(&mut cache), taps)?.taps {
             mlx_core::eval(&[&t])?;
             rows.push(t);
+            rows_start.get_or_insert(done);
         }
         cache.eval()?;
         forwards += 1;
@@ -227,6 +241,7 @@ pub fn prefill_from(
             tokens: head[..done].to_vec(),
             cache: cache.clone(),
             rows: rows.clone(),
+            rows_start: rows_start.unwrap_or(done),
             taps: taps.clone(),
             step,
             forwards,
@@ -241,7 +256,10 @@ pub fn prefill_from(
             })
             .transpose()?
     } else {
-        Some(concatenate(&rows, 1)?)
+        // The rows from the first needed one: all, or the window's.
+        let all = concatenate(&rows, 1)?; // [1, head − rows_start, m·H]
+        let skip = needed.saturating_sub(rows_start.unwrap_or(0)) as i32;
+        Some(if skip > 0 { all.slice_axis(1, skip, all.dim(1)?)? } else { all })
     };
     Ok(Prefilled {
         cache,

@@ -7,7 +7,7 @@ use gemma4::checkpoint::write_random_checkpoint;
 use gemma4::config::{tiny_config_a, tiny_config_b};
 use gemma4::generate::GenerateConfig;
 use gemma4::{Model, TextConfig};
-use mlx_core::{Array, Dtype};
+use mlx_core::{concatenate, Array, Dtype};
 use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
 use spec_decode::loader::{detect, load_drafter, DrafterKind};
 use spec_decode::{DraftRequest, DraftSampling, Drafter, Error};
@@ -391,4 +391,34 @@ fn the_throughput_schedule_is_lossless_and_may_skip_drafting() {
     // (The last two rounds may ask for less: a request never drafts past max_tokens.)
     let before_end = d.asked.len().saturating_sub(2);
     assert!(d.asked[..before_end].iter().all(|&n| n == 3), "{:?}", d.asked);
+}
+
+#[test]
+fn a_context_window_reads_only_the_last_rows() {
+    let (_, m) = &target();
+    let windowed = DSparkConfig { ctx_window: Some(4), ..cfg(4, vec![1, 3, 6]) };
+    let mut seeded_all = DSparkDrafter::init(windowed.clone(), m.config(), "tiny", 9, true).unwrap();
+    let mut seeded_last = DSparkDrafter::init(windowed, m.config(), "tiny", 9, true).unwrap();
+    let mut whole = DSparkDrafter::init(cfg(4, vec![1, 3, 6]), m.config(), "tiny", 9, true).unwrap();
+    let ids: Vec<u32> = (30..42).collect();
+    let rows = tapped_rows(m, &whole, &ids);
+    seeded_all.reset(Some(&rows), 12).unwrap();
+    seeded_last.reset(Some(&rows.slice_axis(1, 8, 12).unwrap()), 12).unwrap();
+    whole.reset(Some(&rows), 12).unwrap();
+    assert_eq!(seeded_last.context_len(), 12, "the rows before the window still count as committed");
+    let last = propose_greedy(m, &mut seeded_last, 7, 12);
+    assert_eq!(propose_greedy(m, &mut seeded_all, 7, 12), last, "rows before the window are not read");
+    assert_ne!(propose_greedy(m, &mut whole, 7, 12).1, last.1, "without the window they are");
+    // Commits slide the window: rows 12..14 join, rows 8..10 leave.
+    let more = tapped_rows(m, &whole, &(30..44).collect::<Vec<u32>>()).slice_axis(1, 12, 14).unwrap();
+    seeded_all.commit(Some(&more), 2).unwrap();
+    let mut fresh =
+        DSparkDrafter::init(DSparkConfig { ctx_window: Some(4), ..cfg(4, vec![1, 3, 6]) }, m.config(), "tiny", 9, true)
+            .unwrap();
+    let tail = concatenate(&[&rows.slice_axis(1, 10, 12).unwrap(), &more], 1).unwrap();
+    fresh.reset(Some(&tail), 14).unwrap();
+    assert_eq!(propose_greedy(m, &mut seeded_all, 7, 14), propose_greedy(m, &mut fresh, 7, 14));
+    // Fewer rows than the window (of a long enough context) are refused.
+    let e = seeded_last.reset(Some(&rows.slice_axis(1, 9, 12).unwrap()), 12).unwrap_err();
+    assert!(e.to_string().contains("4 to 12"), "{e}");
 }

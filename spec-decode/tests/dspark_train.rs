@@ -38,6 +38,7 @@ fn sized_drafter(m: &Model, d_draft: usize) -> DSparkDrafter {
         tap_layers: vec![1, 6],
         seq_head: None,
         sts: None,
+        ctx_window: None,
     };
     DSparkDrafter::init(cfg, m.config(), "tiny", 5, true).unwrap()
 }

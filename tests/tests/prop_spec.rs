@@ -95,6 +95,7 @@ fn dspark(model: &Model, seed: u64) -> DSparkDrafter {
         tap_layers: vec![0, n],
         seq_head: None,
         sts: None,
+        ctx_window: None,
     };
     DSparkDrafter::init(cfg, model.config(), "tiny", seed, true).unwrap()
 }

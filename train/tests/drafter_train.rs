@@ -28,6 +28,7 @@ fn drafter_cfg(taps: Vec<usize>) -> DSparkConfig {
         tap_layers: taps,
         seq_head: None,
         sts: None,
+        ctx_window: None,
     }
 }
 

@@ -139,12 +139,12 @@ fn verify_curve(model: &Model, reps: usize) -> Result<(Vec<f64>, Vec<f64>)> {
 
 /// A DSpark drafter's round (γ drafts, greedy) after contexts of 64..8192 rows: its context
 /// K/V are built once at `reset`/`commit`, so a round should cost about the same at any length.
-fn drafter_round_cost(model: &Model, rows: &[usize], reps: usize) -> Result<Vec<(usize, f64)>> {
+fn drafter_round_cost(model: &Model, rows: &[usize], window: Option<usize>, reps: usize) -> Result<Vec<(usize, f64)>> {
     use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
     use spec_decode::{DraftRequest, DraftSampling, Drafter};
     let tcfg = model.config();
     let n = tcfg.num_hidden_layers;
-    let cfg = DSparkConfig { gamma: 7, ..DSparkConfig::with_taps(vec![n / 2, n]) };
+    let cfg = DSparkConfig { gamma: 7, ctx_window: window, ..DSparkConfig::with_taps(vec![n / 2, n]) };
     let mut drafter = DSparkDrafter::init(cfg, tcfg, "bench", 5, true)?;
     let width = (2 * tcfg.hidden_size) as i32;
     let cache = model.new_cache();
@@ -174,6 +174,9 @@ fn drafter_round_cost(model: &Model, rows: &[usize], reps: usize) -> Result<Vec<
     Ok(out)
 }
 
+/// The context window `dspark train` gives a drafter by default (its `--max-ctx`).
+const TRAINED_WINDOW: usize = 256;
+
 /// The mid-size (`quick`: small) random checkpoint in bf16 under `root`, written once: its name
 /// and directory.
 fn mid_checkpoint(root: &Path, quick: bool) -> Result<(&'static str, PathBuf)> {
@@ -190,12 +193,12 @@ fn mid_checkpoint(root: &Path, quick: bool) -> Result<(&'static str, PathBuf)> {
 /// drafter's context K/V projected and evaluated), in ms: medians of `reps`. The drafter's
 /// context is evaluated by its first proposal, so that proposal's time, less a later one's,
 /// is counted as prefill.
-fn prefill_cost(model: &Model, n: usize, reps: usize) -> Result<(f64, f64)> {
+fn prefill_cost(model: &Model, n: usize, window: Option<usize>, reps: usize) -> Result<(f64, f64)> {
     use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
     use spec_decode::{DraftRequest, DraftSampling, Drafter};
     let tcfg = model.config();
     let layers = tcfg.num_hidden_layers;
-    let cfg = DSparkConfig { gamma: 7, ..DSparkConfig::with_taps(vec![layers / 2, layers]) };
+    let cfg = DSparkConfig { gamma: 7, ctx_window: window, ..DSparkConfig::with_taps(vec![layers / 2, layers]) };
     let mut drafter = DSparkDrafter::init(cfg, tcfg, "bench", 5, true)?;
     let taps = drafter.taps();
     let prompt = ids(n, tcfg.vocab_size);
@@ -244,22 +247,27 @@ pub fn costs(root: &Path, reps: usize) -> Result<Value> {
     let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" ");
     println!("v(k), k = 1..8, stepwise: {}", fmt(&stepwise));
     println!("v(k), k = 1..8, batched:  {}", fmt(&batched));
-    let rounds = drafter_round_cost(&model, &[64, 512, 2048, 8192], reps)?;
-    let base = rounds.first().map_or(1.0, |r| r.1).max(1e-9);
-    for (l, ms) in &rounds {
-        println!("drafter round after {l:>5} context rows: {ms:.2} ms ({:.2}×)", ms / base);
+    let mut rounds = Vec::new();
+    for window in [None, Some(TRAINED_WINDOW)] {
+        let r = drafter_round_cost(&model, &[64, 512, 2048, 8192], window, reps)?;
+        let base = r.first().map_or(1.0, |r| r.1).max(1e-9);
+        let label = window.map_or("whole context".to_string(), |w| format!("window {w}"));
+        for (l, ms) in &r {
+            println!("drafter round ({label}) after {l:>5} context rows: {ms:.2} ms ({:.2}×)", ms / base);
+        }
+        rounds.push(json!({"window": window, "ms_by_context_rows": r}));
     }
-    let (plain, tapped) = prefill_cost(&model, 4096, reps.min(3))?;
+    let (plain, tapped) = prefill_cost(&model, 4096, Some(TRAINED_WINDOW), reps.min(3))?;
     println!(
-        "prefill of 4,096 tokens: plain {:.0} ms, with a drafter {:.0} ms ({:.2}×)",
+        "prefill of 4,096 tokens: plain {:.0} ms, with a drafter (window {TRAINED_WINDOW}) {:.0} ms ({:.2}×)",
         plain,
         tapped,
         tapped / plain.max(1e-9)
     );
     Ok(json!({
         "checkpoint": mid, "compute": resolved.describe(), "verify_cost": {"stepwise": stepwise, "batched": batched},
-        "drafter_round_ms": rounds.iter().map(|(l, ms)| json!({"context_rows": l, "ms": ms})).collect::<Vec<_>>(),
-        "prefill_4096_ms": {"plain": plain, "with_drafter": tapped},
+        "drafter_round_ms": rounds,
+        "prefill_4096_ms": {"plain": plain, "with_drafter": tapped, "window": TRAINED_WINDOW},
     }))
 }
 
@@ -320,7 +328,7 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
             curves.push(json!({"compute": label, "stepwise": step, "batched": batch}));
             if dtype == ComputeDtype::F32 {
                 let sizes: &[usize] = if quick { &[64, 512, 2048] } else { &[64, 512, 2048, 8192] };
-                drafter_rounds = drafter_round_cost(&model, sizes, plan.reps)?;
+                drafter_rounds = drafter_round_cost(&model, sizes, Some(TRAINED_WINDOW), plan.reps)?;
             }
         }
     }
@@ -335,7 +343,7 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
         }
     }
     let base = drafter_rounds.first().map_or(1.0, |r| r.1);
-    println!("\nDSpark drafter round (γ 7, greedy, f32) by context rows:");
+    println!("\nDSpark drafter round (γ 7, greedy, f32, context window {TRAINED_WINDOW}) by context rows:");
     for (l, ms) in &drafter_rounds {
         println!("  {l:>5} rows: {ms:.2} ms ({:.2}× the 64-row cost)", ms / base.max(1e-9));
     }

@@ -54,6 +54,7 @@ pub fn random_dspark(target: &TextConfig, gamma: usize, n_layers: usize, seed: u
         tap_layers: vec![1, n / 2, n],
         seq_head: None,
         sts: None,
+        ctx_window: None,
     };
     Ok(DSparkDrafter::init(cfg, target, "tiny", seed, true)?)
 }

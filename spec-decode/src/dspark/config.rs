@@ -101,6 +101,10 @@ pub struct DSparkConfig {
     pub seq_head: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sts: Option<Calibration>,
+    /// The context rows the backbone attends to: the last `ctxWindow` committed rows (training
+    /// sets it to the context length it trained with). Absent: the whole context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ctx_window: Option<usize>,
 }
 
 /// Target dimensions the drafter was built for (`dims`).
@@ -157,6 +161,7 @@ impl DSparkConfig {
             tap_layers,
             seq_head: None,
             sts: None,
+            ctx_window: None,
         }
     }
 
@@ -175,6 +180,9 @@ impl DSparkConfig {
         if self.tap_layers.is_empty() {
             return bad("config.tapLayers is empty".into());
         }
+        if self.ctx_window == Some(0) {
+            return bad("config.ctxWindow must be >= 1 (or absent for the whole context)".into());
+        }
         match self.seq_head.as_deref() {
             None | Some("markov") => {}
             Some(other) => return bad(format!("config.seqHead {other:?} is not supported (expected \"markov\")")),
@@ -185,11 +193,13 @@ impl DSparkConfig {
         Ok(())
     }
 
-    /// Tap points on a target with `num_layers` decoder layers.
+    /// Tap points on a target with `num_layers` decoder layers, limited to the prompt rows the
+    /// context window reads.
     pub fn tap_set(&self, num_layers: usize) -> TapSet {
         TapSet::new(
             self.tap_layers.iter().map(|&i| if i == num_layers { TapPoint::FinalNorm } else { TapPoint::Layer(i) }),
         )
+        .with_window(self.ctx_window)
     }
 
     /// The canonical parameter order (names double as safetensors keys).

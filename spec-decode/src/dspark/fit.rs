@@ -74,6 +74,7 @@ pub fn fit_bigram_drafter(
         tap_layers: vec![n],
         seq_head: None,
         sts: None,
+        ctx_window: None,
     };
     let d = DSparkDrafter::init(cfg, target.config(), model_name, 0, false)?;
     let h = target.config().hidden_size as i32;

@@ -420,7 +420,15 @@ impl DSparkDrafter {
             let q = self.heads(&l.q.matmul_t(&nd)?)?;
             let block = LayerKv { k: self.heads(&l.k.matmul_t(&nd)?)?, v: self.heads(&l.v.matmul_t(&nd)?)? };
             let (k, v) = ctx.with_block(i, &block)?; // [1, h, L+γ, hd]
-            let a = fast::scaled_dot_product_attention(&q, &k, &v, scale, fast::Mask::None)?; // no mask: bidirectional
+            let (k, v) = match self.cfg.ctx_window {
+                // The last `w` context rows and the block // [1, h, w+γ, hd]
+                Some(w) if ctx.stored() > w => {
+                    let (from, to) = ((ctx.stored() - w) as i32, k.dim(2)?);
+                    (k.slice_axis(2, from, to)?, v.slice_axis(2, from, to)?)
+                }
+                _ => (k, v),
+            };
+            let a = block_attention(&q, &k, &v, scale)?; // [1, h, γ, hd]
             let a = l.o.matmul_t(&a.transpose(&[0, 2, 1, 3])?.reshape(&[1, g, -1])?)?;
             h = h.add(&a)?;
             let f = self.rms(&h, &l.ff_norm)?;
@@ -429,6 +437,24 @@ impl DSparkDrafter {
         }
         self.rms(&h, &self.w.out_norm)
     }
+}
+
+/// The block's bidirectional attention over `[context; block]` // q `[1, h, γ, hd]` -> `[1, h, γ, hd]`.
+/// On the CPU in f32 it runs as mlx-core's single-query row kernel, every block row over the
+/// same keys: MLX's CPU attention evaluates its softmax one exponential at a time (~12 ns
+/// each), which made a round after 8,192 context rows 1.4× dearer than after 64.
+fn block_attention(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+    let row_kernel = q.dtype() == Dtype::F32
+        && mlx_core::blas::row_linear_enabled()
+        && mlx_core::Device::default_device()? == mlx_core::Device::Cpu;
+    if !row_kernel {
+        return Ok(fast::scaled_dot_product_attention(q, k, v, scale, fast::Mask::None)?);
+        // no mask
+    }
+    // One contiguous copy of the keys and values, shared by every row.
+    let (k, v) = (k.astype(Dtype::F32)?.contiguous()?, v.astype(Dtype::F32)?.contiguous()?);
+    let rows: Vec<(Array, Array)> = (0..q.dim(2)?).map(|_| (k.clone(), v.clone())).collect();
+    Ok(mlx_core::blas::row_attention(q, &rows, scale)?)
 }
 
 impl Drafter for DSparkDrafter {
@@ -459,12 +485,19 @@ impl Drafter for DSparkDrafter {
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {
         self.ctx = None;
         let rows = ctx.ok_or_else(|| Error::Contract("dspark needs the tapped prompt context".into()))?;
-        if rows.dim(1)? != len as i32 {
-            return Err(Error::Contract(format!("context has {:?} rows, expected {len}", rows.shape()?)));
+        // The whole context, or with a window at least its last `w` rows.
+        let given = rows.dim(1)?.max(0) as usize;
+        let least = self.cfg.ctx_window.map_or(len, |w| w.min(len));
+        if given > len || given < least {
+            return Err(Error::Contract(format!(
+                "context has {:?} rows, expected {}",
+                rows.shape()?,
+                if least == len { format!("{len}") } else { format!("{least} to {len}") }
+            )));
         }
-        let mut ctx = ContextCache::new(self.w.layers.len());
-        if len > 0 {
-            ctx.append(self.project_context(rows)?, len)?;
+        let mut ctx = ContextCache::after(self.w.layers.len(), len - given);
+        if given > 0 {
+            ctx.append(self.project_context(rows)?, given)?;
         }
         self.ctx = Some(ctx);
         Ok(())
