@@ -39,6 +39,14 @@ pub struct SharedKv {
     offset: i32,
 }
 
+impl SharedKv {
+    /// The same K/V for a sharer that runs only the rows from `rows` on: its queries start
+    /// `rows` positions later.
+    pub(crate) fn for_rows_from(&self, rows: i32) -> SharedKv {
+        SharedKv { kv: self.kv.clone(), offset: self.offset + rows }
+    }
+}
+
 struct KvProj {
     k_proj: Linear,
     v_proj: Option<Linear>, // None when V = raw k_proj output (k_eq_v)
@@ -87,17 +95,22 @@ impl Attention {
         })
     }
 
-    /// x `[B, L, H]` -> (`[B, L, H]`, the K/V this layer attended to).
+    /// x `[B, L, H]` -> (`[B, L − rows_from, H]`, the K/V this layer attended to): keys and
+    /// values of every row, queries of the rows from `rows_from` on (a mask in `attend` covers
+    /// just those queries).
     pub fn forward(
         &self,
         x: &Array,
         attend: Attend<'_>,
         cache: Option<&mut LayerCache>,
         shared: Option<&SharedKv>,
+        rows_from: i32,
     ) -> Result<(Array, SharedKv)> {
         let shape = x.shape()?;
         let (b, l) = (shape[0], shape[1]);
-        let q = self.q_proj.forward(x)?.reshape(&[b, l, self.n_heads, self.head_dim])?;
+        let xq = if rows_from > 0 { x.slice_axis(1, rows_from, l)? } else { x.clone() };
+        let lq = l - rows_from;
+        let q = self.q_proj.forward(&xq)?.reshape(&[b, lq, self.n_heads, self.head_dim])?;
         let q = fast::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?; // [B, Hq, L, D]
         let (kv, offset) = match (&self.kv, shared) {
             (_, Some(s)) => (s.kv.clone(), s.offset),
@@ -134,10 +147,10 @@ impl Attention {
                 })
             }
         };
-        let q = self.rope.apply(&q, offset)?;
+        let q = self.rope.apply(&q, offset + rows_from)?;
         let o = match (&kv, attend) {
             // A one-token step goes through the row kernel when stepwise rows do, so the two agree.
-            (Fetched::Batched(k, v), Attend::Batched(AttnMask::None)) if l == 1 && row_kernel(&q)? => {
+            (Fetched::Batched(k, v), Attend::Batched(AttnMask::None)) if lq == 1 && row_kernel(&q)? => {
                 mlx_core::blas::row_attention(&q, &[(k.clone(), v.clone())], 1.0)?
             }
             (Fetched::Batched(k, v), Attend::Batched(mask)) => {
@@ -166,7 +179,7 @@ impl Attention {
                 })
             }
         };
-        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?; // [B, L, Hq·D]
+        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, lq, -1])?; // [B, L − rows_from, Hq·D]
         Ok((self.o_proj.forward(&o)?, SharedKv { kv, offset }))
     }
 }

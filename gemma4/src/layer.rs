@@ -110,7 +110,9 @@ impl DecoderLayer {
         Ok(concatenate(&rows, 1)?)
     }
 
-    /// x `[B, L, H]` -> (`[B, L, H]`, K/V for sharers)
+    /// x `[B, L, H]` -> (`[B, L − rows_from, H]`, K/V for sharers): every row's K/V is
+    /// computed (and cached), the rest of the layer runs for the rows from `rows_from` on
+    /// (`per_layer_input` holds just those rows).
     pub fn forward(
         &self,
         x: &Array,
@@ -118,9 +120,12 @@ impl DecoderLayer {
         cache: Option<&mut LayerCache>,
         per_layer_input: Option<&Array>,
         shared: Option<&SharedKv>,
+        rows_from: i32,
     ) -> Result<(Array, SharedKv)> {
         let stepwise = matches!(attend, Attend::Stepwise);
-        let (a, kv) = self.self_attn.forward(&self.norm(x, &self.input_layernorm)?, attend, cache, shared)?;
+        let (a, kv) =
+            self.self_attn.forward(&self.norm(x, &self.input_layernorm)?, attend, cache, shared, rows_from)?;
+        let x = if rows_from > 0 { x.slice_axis(1, rows_from, x.dim(1)?)? } else { x.clone() };
         let h = x.add(&self.norm(&a, &self.post_attention_layernorm)?)?;
         let f = match &self.moe {
             Some(m) => {

@@ -135,7 +135,22 @@ impl Model {
 
     /// Like `forward`, also returning the hidden states at `taps`.
     pub fn forward_tapped(&self, ids: &Array, cache: Option<&mut Cache>, taps: &TapSet) -> Result<ForwardOutput> {
-        self.run(ids, cache, Some(taps), false)
+        self.run_from(ids, cache, Some(taps), false, 0)
+    }
+
+    /// [`Self::forward_tapped`] for a caller that needs the hidden states of the rows from
+    /// `rows_from` on only (a prefill chunk of which a drafter reads the tail): the cache is
+    /// written for every row, but the KV-shared layers at the end of the model, which write no
+    /// cache, run for those rows alone. `hidden` and `taps` then hold `L − rows_from` rows. On a
+    /// model without KV-shared layers every row runs every layer and the rows are cut at the end.
+    pub fn forward_tapped_from(
+        &self,
+        ids: &Array,
+        cache: Option<&mut Cache>,
+        taps: &TapSet,
+        rows_from: usize,
+    ) -> Result<ForwardOutput> {
+        self.run_from(ids, cache, Some(taps), false, rows_from)
     }
 
     /// Scores several new tokens in one forward with every row bit-identical to decoding them
@@ -183,15 +198,33 @@ impl Model {
     fn run(
         &self,
         ids: &Array,
+        cache: Option<&mut Cache>,
+        taps: Option<&TapSet>,
+        stepwise: bool,
+    ) -> Result<ForwardOutput> {
+        self.run_from(ids, cache, taps, stepwise, 0)
+    }
+
+    fn run_from(
+        &self,
+        ids: &Array,
         mut cache: Option<&mut Cache>,
         taps: Option<&TapSet>,
         stepwise: bool,
+        rows_from: usize,
     ) -> Result<ForwardOutput> {
         let s = ids.shape()?;
         if s.len() != 2 {
             return Err(Error::Input { op: "forward", detail: format!("token ids must be [B, L], got {s:?}") });
         }
-        let (b, l) = (s[0], s[1]);
+        let (b, mut l) = (s[0], s[1]);
+        if stepwise && rows_from > 0 {
+            return Err(Error::Input { op: "forward", detail: "a stepwise forward runs every row".into() });
+        }
+        let cut = rows_from.min(l.max(0) as usize) as i32;
+        // The last layer that writes a cache: it computes every row's K/V, and from its queries
+        // on only the rows from `cut` run (no later layer writes a cache).
+        let last_own = self.cfg.layers.iter().rposition(|x| matches!(x.kv, KvSource::Own { .. }));
         if let Some(c) = cache.as_deref() {
             if c.len() != self.cfg.num_caches() {
                 return Err(Error::Input {
@@ -210,22 +243,42 @@ impl Model {
             Some(KvSource::Own { cache_index }) => cache.as_deref().and_then(|c| c.layer(cache_index)),
             _ => None,
         };
-        let full_mask = mask::full_mask(n);
+        let mut full_mask = mask::full_mask(n);
         // A stepwise forward masks nothing (each row gets its own keys); skip the host-built mask.
-        let sliding_mask =
+        let mut sliding_mask =
             if stepwise { AttnMask::None } else { mask::sliding_mask(n, first_sliding, self.cfg.sliding_window)? };
+        let mut ple = ple;
+        let mut row0 = 0; // the first row still running
 
         let mut captured: Vec<Option<Array>> = vec![None; taps.map(|t| t.points().len()).unwrap_or(0)];
         let mut published: Vec<Option<SharedKv>> = vec![None; self.layers.len()];
         let mut h = h0;
         for (i, (layer, spec)) in self.layers.iter().zip(&self.cfg.layers).enumerate() {
+            let rows_from = if Some(i) == last_own && cut > 0 { cut } else { 0 };
+            if rows_from > 0 {
+                // Only the rows from `cut` on go further // [B, L, ..] -> [B, L − cut, ..]
+                ple = ple.map(|p| p.slice_axis(1, cut, l)).transpose()?;
+                for a in captured.iter_mut().flatten() {
+                    *a = a.slice_axis(1, cut, l)?;
+                }
+                // Causal masks are aligned to the last keys, so a tail of the queries keeps them;
+                // an explicit mask keeps its tail rows.
+                full_mask = match full_mask {
+                    AttnMask::Array(m) => AttnMask::Array(m.slice_axis(0, cut, l)?),
+                    other => other,
+                };
+                sliding_mask = match sliding_mask {
+                    AttnMask::Array(m) => AttnMask::Array(m.slice_axis(0, cut, l)?),
+                    other => other,
+                };
+            }
             let attend = match (stepwise, spec.kind) {
                 (true, _) => Attend::Stepwise,
                 (false, LayerKind::Full) => Attend::Batched(&full_mask),
                 (false, LayerKind::Sliding) => Attend::Batched(&sliding_mask),
             };
             let pli = match &ple {
-                Some(p) => Some(p.slice_axis(2, i as i32, i as i32 + 1)?.reshape(&[b, l, -1])?),
+                Some(p) => Some(p.slice_axis(2, i as i32, i as i32 + 1)?.reshape(&[b, l - rows_from, -1])?),
                 None => None,
             };
             let (out, kv) = match spec.kv {
@@ -234,7 +287,7 @@ impl Model {
                         Some(c) => c.layer_mut(cache_index),
                         None => None,
                     };
-                    layer.forward(&h, attend, lc, pli.as_ref(), None)?
+                    layer.forward(&h, attend, lc, pli.as_ref(), None, rows_from)?
                 }
                 KvSource::Shared { donor } => {
                     let Some(shared) = published.get(donor).and_then(Option::as_ref) else {
@@ -243,10 +296,15 @@ impl Model {
                             detail: format!("layer {i}: donor {donor} has not run"),
                         });
                     };
-                    layer.forward(&h, attend, None, pli.as_ref(), Some(shared))?
+                    let shared = if row0 > 0 { shared.for_rows_from(row0) } else { shared.clone() };
+                    layer.forward(&h, attend, None, pli.as_ref(), Some(&shared), 0)?
                 }
             };
             h = out;
+            if rows_from > 0 {
+                l -= cut;
+                row0 = cut;
+            }
             if matches!(spec.kv, KvSource::Own { .. }) {
                 published[i] = Some(kv);
             }

@@ -209,3 +209,32 @@ fn stepwise_moe_top8_rows_are_one_token_decode_steps() {
     m.forward_stepwise(&ids_array(&prompt(8)).unwrap(), &mut cache, None).unwrap();
     assert_eq!(gemma4::sorted_expert_calls(), after_prefill, "a stepwise forward took the sorted expert path");
 }
+
+/// `forward_tapped_from` writes the cache of every row and returns the taps of the tail rows
+/// only: on a KV-shared model (A) the shared layers run for the tail alone, with the queries'
+/// positions and the masks cut to match; on one without (B) the rows are cut at the end. A
+/// cache already past the sliding window (8) makes the sliding mask an explicit one.
+#[test]
+fn tapping_from_a_row_keeps_the_cache_and_the_tail() {
+    for (dir, taps) in [
+        (common::tiny_a(), TapSet::new([TapPoint::Layer(1), TapPoint::Layer(4), TapPoint::FinalNorm])),
+        (common::tiny_b_f32(), TapSet::new([TapPoint::Layer(0), TapPoint::FinalNorm])),
+    ] {
+        let m = Model::load(dir).unwrap();
+        let p = prompt(23);
+        let (head, chunk) = p.split_at(11);
+        let states = |rows_from: usize| -> (Vec<Vec<u8>>, Array) {
+            let mut cache = m.new_cache();
+            prefill(&m, &mut cache, &[head, &[7]].concat(), 64).unwrap();
+            let out = m.forward_tapped_from(&ids_array(chunk).unwrap(), Some(&mut cache), &taps, rows_from).unwrap();
+            cache.eval().unwrap();
+            let kv = (0..cache.len()).flat_map(|i| cache.layer(i).unwrap().state()).map(|a| bytes(&a)).collect();
+            (kv, out.taps.unwrap())
+        };
+        let (all_kv, all_taps) = states(0);
+        let (tail_kv, tail_taps) = states(5);
+        assert_eq!(tail_kv, all_kv, "{}: every row's K/V is written", dir.display());
+        assert_eq!(tail_taps.dim(1).unwrap(), 7, "12 rows from row 5");
+        assert_eq!(bytes(&tail_taps), bytes(&all_taps.slice_axis(1, 5, 12).unwrap()), "{}", dir.display());
+    }
+}

@@ -210,7 +210,8 @@ pub fn prefill_from(
         });
     }
     let t0 = Instant::now();
-    // With a tap window, chunks that end before the first needed row run untapped.
+    // With a tap window, chunks that end before the first needed row run untapped, and the
+    // chunk holding it taps (and runs the KV-shared layers for) the rows from it on.
     let needed = taps.first_needed_row(head.len());
     let (mut cache, mut rows, mut rows_start, mut forwards, start) = match from {
         None => (target.new_cache(), Vec::new(), None, 0, 0),
@@ -229,10 +230,13 @@ pub fn prefill_from(
         let ids = gemma4::generate::ids_array(chunk)?;
         if taps.is_empty() || done + chunk.len() <= needed {
             target.forward(&ids, Some(&mut cache))?;
-        } else if let Some(t) = target.forward_tapped(&ids, Some(&mut cache), taps)?.taps {
+        } else if let Some(t) =
+            target.forward_tapped_from(&ids, Some(&mut cache), taps, needed.saturating_sub(done))?.taps
+        {
+            // The chunk's rows from the first needed one on // [1, ≤ chunk, m·H]
             mlx_core::eval(&[&t])?;
             rows.push(t);
-            rows_start.get_or_insert(done);
+            rows_start.get_or_insert(done.max(needed));
         }
         cache.eval()?;
         forwards += 1;
