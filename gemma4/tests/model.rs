@@ -228,7 +228,8 @@ fn tapping_from_a_row_keeps_the_cache_and_the_tail() {
             prefill(&m, &mut cache, &[head, &[7]].concat(), 64).unwrap();
             let out = m.forward_tapped_from(&ids_array(chunk).unwrap(), Some(&mut cache), &taps, rows_from).unwrap();
             cache.eval().unwrap();
-            let kv = (0..cache.len()).flat_map(|i| cache.layer(i).unwrap().state()).map(|a| bytes(&a)).collect();
+            let kv =
+                (0..cache.len()).flat_map(|i| cache.layer(i).unwrap().state()).map(|a| a.to_bytes().unwrap()).collect();
             (kv, out.taps.unwrap())
         };
         let (all_kv, all_taps) = states(0);
