@@ -107,6 +107,19 @@ pub fn row_linear_enabled() -> bool {
     *ENABLED.get_or_init(|| std::env::var("MLX_CORE_ROW_LINEAR").map_or(true, |v| v.trim() != "0"))
 }
 
+/// The instruction set [`row_linear`] runs with on this machine: `"avx512"`, `"avx2"` or
+/// `"generic"` (`MLX_CORE_NO_AVX512` set turns the AVX-512 form off). The AVX-512 and AVX2
+/// forms give the same bits.
+pub fn row_linear_isa() -> String {
+    crate::sys::ffi::row_linear_isa()
+}
+
+/// Whether [`row_linear`]'s AVX-512 and AVX2 forms agree bit for bit on random `[m, k]` ×
+/// `[n, k]` inputs (true where only one form runs).
+pub fn row_linear_paths_agree(m: usize, k: usize, n: usize) -> bool {
+    crate::sys::ffi::row_linear_paths_agree(m as i32, k as i32, n as i32)
+}
+
 /// `x @ wᵀ` for f32 `x` `[M, K]` and `w` `[N, K]` (the `nn.Linear` layout) on the CPU, with
 /// each row's bits independent of M and of the row's place: one dot product per element with a
 /// fixed eight-lane order. Weights are streamed once per call, so few-row products cost about

@@ -447,6 +447,19 @@ fn row_linear_rows_are_batch_invariant_and_correct() {
     assert!(mlx_core::blas::row_linear(&x, &Array::zeros(&[2, 3], Dtype::F32).unwrap()).is_err());
 }
 
+/// The AVX-512 form of the few-row kernel (two weight rows per register, up to eight input rows
+/// per pass) gives the AVX2 form's bits: tiles of 1..8 rows and more, K with a tail past the
+/// last multiple of 8, N with weight rows left over after blocks of 4. On a machine without
+/// AVX-512 only the AVX2 form runs and there is nothing to compare.
+#[test]
+fn row_linear_avx512_gives_the_avx2_bits() {
+    let isa = mlx_core::blas::row_linear_isa();
+    assert!(["avx512", "avx2", "generic"].contains(&isa.as_str()), "{isa}");
+    for (m, k, n) in [(1, 1024, 8), (3, 1027, 13), (8, 64, 4), (9, 5, 7), (17, 1024, 6), (64, 300, 9), (5, 3, 2)] {
+        assert!(mlx_core::blas::row_linear_paths_agree(m, k, n), "{isa}: [{m}, {k}] x [{n}, {k}] differ");
+    }
+}
+
 /// Row attention: each row is MLX's attention over its own keys up to rounding, and its bits
 /// do not depend on which other rows share the call (grouped queries, rows of other lengths).
 #[test]

@@ -106,7 +106,7 @@ fn reference_speed(python: &Path, dir: &Path, f32: bool, plan: &Plan, vocab: usi
 }
 
 /// v(k) = T(k new tokens on a 64-token cache) / T(one decode step), stepwise and batched.
-fn verify_curve(model: &Model, reps: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+fn verify_curve(model: &Model, reps: usize) -> Result<(Vec<f64>, Vec<f64>, f64)> {
     let vocab = model.config().vocab_size;
     let mut cache = model.new_cache();
     prefill(model, &mut cache, &ids(64, vocab), 2048)?;
@@ -134,7 +134,7 @@ fn verify_curve(model: &Model, reps: usize) -> Result<(Vec<f64>, Vec<f64>)> {
         stepwise.push(time(&mut cache, k, true)? / one);
         batched.push(time(&mut cache, k, false)? / one);
     }
-    Ok((stepwise, batched))
+    Ok((stepwise, batched, one * 1e3))
 }
 
 /// A DSpark drafter's round (γ drafts, greedy) after contexts of 64..8192 rows: its context
@@ -243,7 +243,8 @@ pub fn costs(root: &Path, reps: usize) -> Result<Value> {
     let (name, mid) = mid_checkpoint(root, false)?;
     let (model, resolved) = Model::load_as(&mid, ComputeDtype::F32, Device::default_device()?)?;
     println!("bench --costs: {name}, {} on {:?}", resolved.describe(), Device::default_device()?);
-    let (stepwise, batched) = verify_curve(&model, reps)?;
+    let (stepwise, batched, step_ms) = verify_curve(&model, reps)?;
+    println!("one decode step (64-token cache): {step_ms:.1} ms");
     let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" ");
     println!("v(k), k = 1..8, stepwise: {}", fmt(&stepwise));
     println!("v(k), k = 1..8, batched:  {}", fmt(&batched));
@@ -265,7 +266,7 @@ pub fn costs(root: &Path, reps: usize) -> Result<Value> {
         tapped / plain.max(1e-9)
     );
     Ok(json!({
-        "checkpoint": mid, "compute": resolved.describe(), "verify_cost": {"stepwise": stepwise, "batched": batched},
+        "checkpoint": mid, "compute": resolved.describe(), "verify_cost": {"stepwise": stepwise, "batched": batched, "decode_step_ms": step_ms},
         "drafter_round_ms": rounds,
         "prefill_4096_ms": {"plain": plain, "with_drafter": tapped, "window": TRAINED_WINDOW},
     }))
@@ -324,7 +325,7 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
                          "prefill_tok_per_s": pre, "mlx_lm_prefill_tok_per_s": rpre}),
         );
         if matches!(dtype, ComputeDtype::F32 | ComputeDtype::Stored) && dir == mid.as_path() {
-            let (step, batch) = verify_curve(&model, plan.reps)?;
+            let (step, batch, _) = verify_curve(&model, plan.reps)?;
             curves.push(json!({"compute": label, "stepwise": step, "batched": batch}));
             if dtype == ComputeDtype::F32 {
                 let sizes: &[usize] = if quick { &[64, 512, 2048] } else { &[64, 512, 2048, 8192] };

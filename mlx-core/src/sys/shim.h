@@ -89,6 +89,11 @@ ArrayPtr cumsum(const Array& a, int32_t axis, bool reverse, bool inclusive);
 ArrayPtr matmul(const Array& a, const Array& b);
 // x [M, K] @ w [N, K]ᵀ in f32 with every row's bits independent of M (row_linear.cc).
 ArrayPtr row_linear(const Array& x, const Array& w);
+// The instruction set row_linear runs with here ("avx512", "avx2" or "generic").
+rust::String row_linear_isa();
+// Whether the AVX-512 and AVX2 forms give the same bits on random [M, K] x [N, K] (true when
+// only one form runs here).
+bool row_linear_paths_agree(int M, int K, int N);
 // Single-query attention of each row of q [B, Hq, n, D] over its own k_i, v_i [B, Hkv, L_i, D]
 // (inputs: q, k_0, v_0, k_1, v_1, …), with every row's bits independent of n (row_attention.cc).
 ArrayPtr row_attention(const ArrayList& inputs, float scale);
