@@ -1,7 +1,7 @@
 //! One decoder layer: attention and FFN sandwiches of RMSNorms, optional MoE
 //! branch, optional per-layer-embedding gate, then `h · layer_scalar`.
 
-use mlx_core::{concatenate, fast, gelu_approx, Array};
+use mlx_core::{concatenate, fast, Array};
 
 use crate::attention::{Attend, Attention, SharedKv};
 use crate::cache::LayerCache;
@@ -142,7 +142,7 @@ impl DecoderLayer {
         };
         let mut h = h.add(&self.norm(&f, &self.post_feedforward_layernorm)?)?;
         if let (Some(g), Some(pli)) = (&self.ple, per_layer_input) {
-            let gate = gelu_approx(&g.per_layer_input_gate.forward(&h)?)?.multiply(pli)?;
+            let gate = crate::mlp::gelu(&g.per_layer_input_gate.forward(&h)?)?.multiply(pli)?;
             let gate = self.norm(&g.per_layer_projection.forward(&gate)?, &g.post_per_layer_input_norm)?;
             h = h.add(&gate)?;
         }

@@ -3,7 +3,7 @@
 //! call it one row at a time (see `DecoderLayer::moe_by_row`), so they never take the sorted path.
 
 use mlx_core::quant::{gather_mm, gather_qmm};
-use mlx_core::{fast, gelu_approx, Array};
+use mlx_core::{fast, Array};
 
 use crate::error::Result;
 use crate::linear::Linear;
@@ -117,7 +117,7 @@ impl Experts {
         };
         let up = self.up_proj.forward(&xs, &ids, do_sort)?;
         let gate = self.gate_proj.forward(&xs, &ids, do_sort)?;
-        let act = gelu_approx(&gate)?.multiply(&up)?;
+        let act = crate::mlp::gelu(&gate)?.multiply(&up)?;
         let mut y = self.down_proj.forward(&act, &ids, do_sort)?;
         if let Some(inv) = inv {
             y = y.take(&inv, 0)?;

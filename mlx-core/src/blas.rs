@@ -107,6 +107,15 @@ pub fn row_linear_enabled() -> bool {
     *ENABLED.get_or_init(|| std::env::var("MLX_CORE_ROW_LINEAR").map_or(true, |v| v.trim() != "0"))
 }
 
+/// `gelu_approx` of f32 `x` on the CPU in one vectorized pass (tanh through a polynomial exp,
+/// within a few ulp of MLX's composed form, which evaluates tanh one element at a time). Each
+/// element's bits depend on its value alone, so rows agree in any batch. Used with
+/// [`row_linear`] (same switch); MLX's form stays the reference for parity.
+#[track_caller]
+pub fn row_gelu(x: &Array) -> Result<Array> {
+    Array::wrap("row_gelu", crate::sys::ffi::row_gelu(x.raw()))
+}
+
 /// The instruction set [`row_linear`] runs with on this machine: `"avx512"`, `"avx2"` or
 /// `"generic"` (`MLX_CORE_NO_AVX512` set turns the AVX-512 form off). The AVX-512 and AVX2
 /// forms give the same bits.

@@ -156,6 +156,7 @@ pub(crate) mod ffi {
         // ---- row-invariant few-row f32 linear (row_linear.cc) ----
         fn row_linear(x: &Array, w: &Array) -> Result<UniquePtr<Array>>;
         fn row_linear_isa() -> String;
+        fn row_gelu(x: &Array) -> Result<UniquePtr<Array>>;
         fn row_linear_paths_agree(m: i32, k: i32, n: i32) -> bool;
         // ---- row-invariant single-query attention (row_attention.cc) ----
         fn row_attention(inputs: &ArrayList, scale: f32) -> Result<UniquePtr<Array>>;

@@ -89,6 +89,9 @@ ArrayPtr cumsum(const Array& a, int32_t axis, bool reverse, bool inclusive);
 ArrayPtr matmul(const Array& a, const Array& b);
 // x [M, K] @ w [N, K]ᵀ in f32 with every row's bits independent of M (row_linear.cc).
 ArrayPtr row_linear(const Array& x, const Array& w);
+// gelu_approx of f32 x on the CPU in one vectorized pass, each element's bits a function of its
+// value alone (row_gelu.cc).
+ArrayPtr row_gelu(const Array& x);
 // The instruction set row_linear runs with here ("avx512", "avx2" or "generic").
 rust::String row_linear_isa();
 // Whether the AVX-512 and AVX2 forms give the same bits on random [M, K] x [N, K] (true when
