@@ -248,6 +248,12 @@ pub fn costs(root: &Path, reps: usize) -> Result<Value> {
     let fmt = |v: &[f64]| v.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" ");
     println!("v(k), k = 1..8, stepwise: {}", fmt(&stepwise));
     println!("v(k), k = 1..8, batched:  {}", fmt(&batched));
+    let png = root.join("verify_cost_f32.png");
+    let curves = [("f32 stepwise", &stepwise), ("f32 batched", &batched)]
+        .map(|(label, v)| dspark::plot::Curve { label: label.to_string(), values: v.clone() });
+    if dspark::plot::verify_cost(&png, &format!("verify cost, {name} checkpoint, f32 (64-token cache)"), &curves)? {
+        println!("wrote {}", png.display());
+    }
     let mut rounds = Vec::new();
     for window in [None, Some(TRAINED_WINDOW)] {
         let r = drafter_round_cost(&model, &[64, 512, 2048, 8192], window, reps)?;
