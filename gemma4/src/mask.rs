@@ -16,6 +16,15 @@ pub enum AttnMask {
 }
 
 impl AttnMask {
+    /// The mask of query rows `from..to` only: causal masks are aligned to the last keys, so a
+    /// tail of the queries keeps them; an explicit mask keeps those rows.
+    pub fn query_rows(self, from: i32, to: i32) -> Result<AttnMask> {
+        Ok(match self {
+            AttnMask::Array(m) => AttnMask::Array(m.slice_axis(0, from, to)?),
+            other => other,
+        })
+    }
+
     /// As the fused-attention argument.
     pub fn as_fast(&self) -> mlx_core::fast::Mask<'_> {
         match self {

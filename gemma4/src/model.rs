@@ -139,10 +139,10 @@ impl Model {
     }
 
     /// [`Self::forward_tapped`] for a caller that needs the hidden states of the rows from
-    /// `rows_from` on only (a prefill chunk of which a drafter reads the tail): the cache is
-    /// written for every row, but the KV-shared layers at the end of the model, which write no
-    /// cache, run for those rows alone. `hidden` and `taps` then hold `L − rows_from` rows. On a
-    /// model without KV-shared layers every row runs every layer and the rows are cut at the end.
+    /// `rows_from` on only (a prefill chunk of which a drafter reads the tail): every row's K/V
+    /// is computed and cached, and from the last cache-writing layer's queries on (its
+    /// attention and MLP, then any KV-shared layers) only those rows run. `hidden` and `taps`
+    /// then hold `L − rows_from` rows.
     pub fn forward_tapped_from(
         &self,
         ids: &Array,
@@ -261,16 +261,8 @@ impl Model {
                 for a in captured.iter_mut().flatten() {
                     *a = a.slice_axis(1, cut, l)?;
                 }
-                // Causal masks are aligned to the last keys, so a tail of the queries keeps them;
-                // an explicit mask keeps its tail rows.
-                full_mask = match full_mask {
-                    AttnMask::Array(m) => AttnMask::Array(m.slice_axis(0, cut, l)?),
-                    other => other,
-                };
-                sliding_mask = match sliding_mask {
-                    AttnMask::Array(m) => AttnMask::Array(m.slice_axis(0, cut, l)?),
-                    other => other,
-                };
+                full_mask = full_mask.query_rows(cut, l)?;
+                sliding_mask = sliding_mask.query_rows(cut, l)?;
             }
             let attend = match (stepwise, spec.kind) {
                 (true, _) => Attend::Stepwise,

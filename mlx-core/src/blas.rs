@@ -107,6 +107,12 @@ pub fn row_linear_enabled() -> bool {
     *ENABLED.get_or_init(|| std::env::var("MLX_CORE_ROW_LINEAR").map_or(true, |v| v.trim() != "0"))
 }
 
+/// Whether computations now go to the row kernels ([`row_linear`], [`row_attention`],
+/// [`row_gelu`]): they are enabled and MLX's default device is the CPU (they have no GPU form).
+pub fn row_kernels_active() -> Result<bool> {
+    Ok(row_linear_enabled() && Device::default_device()? == Device::Cpu)
+}
+
 /// `gelu_approx` of f32 `x` on the CPU in one vectorized pass (tanh through a polynomial exp,
 /// within a few ulp of MLX's composed form, which evaluates tanh one element at a time). Each
 /// element's bits depend on its value alone, so rows agree in any batch. Used with

@@ -140,12 +140,9 @@ fn verify_curve(model: &Model, reps: usize) -> Result<(Vec<f64>, Vec<f64>, f64)>
 /// A DSpark drafter's round (γ drafts, greedy) after contexts of 64..8192 rows: its context
 /// K/V are built once at `reset`/`commit`, so a round should cost about the same at any length.
 fn drafter_round_cost(model: &Model, rows: &[usize], window: Option<usize>, reps: usize) -> Result<Vec<(usize, f64)>> {
-    use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
     use spec_decode::{DraftRequest, DraftSampling, Drafter};
     let tcfg = model.config();
-    let n = tcfg.num_hidden_layers;
-    let cfg = DSparkConfig { gamma: 7, ctx_window: window, ..DSparkConfig::with_taps(vec![n / 2, n]) };
-    let mut drafter = DSparkDrafter::init(cfg, tcfg, "bench", 5, true)?;
+    let mut drafter = bench_drafter(model, window)?;
     let width = (2 * tcfg.hidden_size) as i32;
     let cache = model.new_cache();
     let anchor = mlx_core::Array::from_slice(&[7u32], &[1])?;
@@ -174,6 +171,15 @@ fn drafter_round_cost(model: &Model, rows: &[usize], window: Option<usize>, reps
     Ok(out)
 }
 
+/// The drafters the cost benches time: random-init DSpark, γ 7, reading the middle and last
+/// layers of `model`, with context `window`.
+fn bench_drafter(model: &Model, window: Option<usize>) -> Result<spec_decode::dspark::DSparkDrafter> {
+    use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
+    let n = model.config().num_hidden_layers;
+    let cfg = DSparkConfig { gamma: 7, ctx_window: window, ..DSparkConfig::with_taps(vec![n / 2, n]) };
+    Ok(DSparkDrafter::init(cfg, model.config(), "bench", 5, true)?)
+}
+
 /// The context window `dspark train` gives a drafter by default (its `--max-ctx`).
 const TRAINED_WINDOW: usize = 256;
 
@@ -194,12 +200,9 @@ fn mid_checkpoint(root: &Path, quick: bool) -> Result<(&'static str, PathBuf)> {
 /// context is evaluated by its first proposal, so that proposal's time, less a later one's,
 /// is counted as prefill.
 fn prefill_cost(model: &Model, n: usize, window: Option<usize>, reps: usize) -> Result<(f64, f64)> {
-    use spec_decode::dspark::{DSparkConfig, DSparkDrafter};
     use spec_decode::{DraftRequest, DraftSampling, Drafter};
     let tcfg = model.config();
-    let layers = tcfg.num_hidden_layers;
-    let cfg = DSparkConfig { gamma: 7, ctx_window: window, ..DSparkConfig::with_taps(vec![layers / 2, layers]) };
-    let mut drafter = DSparkDrafter::init(cfg, tcfg, "bench", 5, true)?;
+    let mut drafter = bench_drafter(model, window)?;
     let taps = drafter.taps();
     let prompt = ids(n, tcfg.vocab_size);
     let (mut plain, mut tapped) = (Vec::new(), Vec::new());

@@ -106,7 +106,7 @@ fn f32_matmul_t(x: &Array, w: &Array) -> Result<Array> {
     let inp = *shape.last().unwrap_or(&0);
     let rows = x.size()? / (inp.max(1) as usize);
     let few = rows <= mlx_core::blas::ROW_LINEAR_MAX_ROWS && rows > 0;
-    if !(few && mlx_core::blas::row_linear_enabled() && mlx_core::Device::default_device()? == mlx_core::Device::Cpu) {
+    if !(few && mlx_core::blas::row_kernels_active()?) {
         return Ok(x.matmul(&w.transpose(&[1, 0])?)?);
     }
     // A lower-precision input promotes to f32, as MLX's matmul would promote it.

@@ -444,12 +444,10 @@ impl DSparkDrafter {
 /// same keys: MLX's CPU attention evaluates its softmax one exponential at a time (~12 ns
 /// each), which made a round after 8,192 context rows 1.4× dearer than after 64.
 fn block_attention(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
-    let row_kernel = q.dtype() == Dtype::F32
-        && mlx_core::blas::row_linear_enabled()
-        && mlx_core::Device::default_device()? == mlx_core::Device::Cpu;
+    let row_kernel = q.dtype() == Dtype::F32 && mlx_core::blas::row_kernels_active()?;
     if !row_kernel {
+        // No mask: the block attends bidirectionally.
         return Ok(fast::scaled_dot_product_attention(q, k, v, scale, fast::Mask::None)?);
-        // no mask
     }
     // One contiguous copy of the keys and values, shared by every row.
     let (k, v) = (k.astype(Dtype::F32)?.contiguous()?, v.astype(Dtype::F32)?.contiguous()?);
