@@ -520,6 +520,25 @@ fn row_attention_rows_are_batch_invariant_and_correct() {
             assert_eq!(alone.to_bytes().unwrap(), got.contiguous().unwrap().to_bytes().unwrap(), "hkv {hkv} row {i}");
         }
     }
+    // Keys and values given as views (a cache buffer cut to its first rows, heads interleaved
+    // by a transpose, rows not contiguous at all) give the bits of their row-major copies.
+    let q = random::normal(&[1, 4, 3, d], Dtype::F32, 0.0, 1.0, &key).unwrap();
+    let buf = random::normal(&[1, 2, 40, d], Dtype::F32, 0.0, 1.0, &random::key(21).unwrap()).unwrap();
+    let by_rows = random::normal(&[1, 40, 2, d], Dtype::F32, 0.0, 1.0, &random::key(22).unwrap()).unwrap();
+    let by_dims = random::normal(&[1, 2, d, 40], Dtype::F32, 0.0, 1.0, &random::key(23).unwrap()).unwrap();
+    let views = vec![
+        (buf.slice_axis(2, 0, 27).unwrap(), buf.slice_axis(2, 3, 30).unwrap()),
+        (by_rows.transpose(&[0, 2, 1, 3]).unwrap().slice_axis(2, 0, 12).unwrap(), buf.slice_axis(2, 0, 12).unwrap()),
+        (by_dims.transpose(&[0, 1, 3, 2]).unwrap().slice_axis(2, 0, 5).unwrap(), buf.slice_axis(2, 1, 6).unwrap()),
+    ];
+    let copies: Vec<(Array, Array)> =
+        views.iter().map(|(k, v)| (k.contiguous().unwrap(), v.contiguous().unwrap())).collect();
+    for (k, v) in &copies {
+        mlx_core::eval(&[k, v]).unwrap();
+    }
+    let from_views = mlx_core::blas::row_attention(&q, &views, 0.3).unwrap();
+    let from_copies = mlx_core::blas::row_attention(&q, &copies, 0.3).unwrap();
+    assert_eq!(from_views.to_bytes().unwrap(), from_copies.to_bytes().unwrap(), "views read in place");
     // Inputs that do not fit are refused, not read out of bounds.
     let q = Array::zeros(&[1, 4, 2, 8], Dtype::F32).unwrap();
     let k = Array::zeros(&[1, 1, 3, 8], Dtype::F32).unwrap();

@@ -43,14 +43,15 @@ inline float exponentiate(float* scores, int L, float m) {
   return sum;
 }
 
-// One query row `q` [D] over `L` keys/values [L, D] (row-contiguous) into `out` [D]: scores,
-// their maximum, exponentials summed in key order, values accumulated in key order with FMAs,
-// then divided by the sum.
-void attend_row_generic(const float* q, const float* k, const float* v, int L, int D, float scale, float* out,
-                        float* scores) {
+// One query row `q` [D] over `L` keys/values into `out` [D]: scores, their maximum,
+// exponentials summed in key order, values accumulated in key order with FMAs, then divided by
+// the sum. Key j starts at k + j·ks and value j at v + j·vs (each row's D floats contiguous), so
+// a cache buffer sliced to its first L rows is read in place.
+void attend_row_generic(const float* q, const float* k, const float* v, int L, int D, size_t ks, size_t vs,
+                        float scale, float* out, float* scores) {
   float m = -INFINITY;
   for (int j = 0; j < L; ++j) {
-    const float* kr = k + static_cast<size_t>(j) * D;
+    const float* kr = k + static_cast<size_t>(j) * ks;
     float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int d = 0;
     for (; d + 8 <= D; d += 8) {
@@ -64,7 +65,7 @@ void attend_row_generic(const float* q, const float* k, const float* v, int L, i
   const float sum = exponentiate(scores, L, m);
   for (int d = 0; d < D; ++d) out[d] = 0.0f;
   for (int j = 0; j < L; ++j) {
-    const float* vr = v + static_cast<size_t>(j) * D;
+    const float* vr = v + static_cast<size_t>(j) * vs;
     for (int d = 0; d < D; ++d) out[d] = std::fma(scores[j], vr[d], out[d]);
   }
   const float inv = 1.0f / sum;
@@ -73,12 +74,13 @@ void attend_row_generic(const float* q, const float* k, const float* v, int L, i
 
 #if defined(__x86_64__) || defined(_M_X64)
 __attribute__((target("avx2,fma"))) void attend_row_avx2(const float* q, const float* k, const float* v, int L,
-                                                         int D, float scale, float* out, float* scores) {
+                                                         int D, size_t ks, size_t vs, float scale, float* out,
+                                                         float* scores) {
   const int d8 = D & ~7;
   float m = -INFINITY;
   alignas(32) float lane[8];
   for (int j = 0; j < L; ++j) {
-    const float* kr = k + static_cast<size_t>(j) * D;
+    const float* kr = k + static_cast<size_t>(j) * ks;
     __m256 acc = _mm256_setzero_ps();
     for (int d = 0; d < d8; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kr + d), acc);
     _mm256_store_ps(lane, acc);
@@ -90,7 +92,7 @@ __attribute__((target("avx2,fma"))) void attend_row_avx2(const float* q, const f
   const float sum = exponentiate(scores, L, m);
   for (int d = 0; d < D; ++d) out[d] = 0.0f;
   for (int j = 0; j < L; ++j) {
-    const float* vr = v + static_cast<size_t>(j) * D;
+    const float* vr = v + static_cast<size_t>(j) * vs;
     const __m256 p = _mm256_set1_ps(scores[j]);
     int d = 0;
     for (; d < d8; d += 8) _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + d), _mm256_loadu_ps(out + d)));
@@ -106,25 +108,46 @@ bool has_avx2_fma() {
 }
 #endif
 
-void attend_row(const float* q, const float* k, const float* v, int L, int D, float scale, float* out,
-                std::vector<float>& scores) {
+void attend_row(const float* q, const float* k, const float* v, int L, int D, size_t ks, size_t vs, float scale,
+                float* out, std::vector<float>& scores) {
   scores.resize(static_cast<size_t>(L));
 #if defined(__x86_64__) || defined(_M_X64)
-  if (has_avx2_fma()) return attend_row_avx2(q, k, v, L, D, scale, out, scores.data());
+  if (has_avx2_fma()) return attend_row_avx2(q, k, v, L, D, ks, vs, scale, out, scores.data());
 #endif
-  attend_row_generic(q, k, v, L, D, scale, out, scores.data());
+  attend_row_generic(q, k, v, L, D, ks, vs, scale, out, scores.data());
+}
+
+// Keys and values are read through their strides when each row's D floats are contiguous
+// (a cache buffer sliced along its rows is), which saves copying the whole cache for every
+// query row of every layer. Strides are only known once an input is evaluated, so the check
+// is made in the kernel, which copies anything else to row-major itself.
+bool rows_readable(const mx::array& a) {
+  const auto& st = a.strides();
+  return (a.shape(3) == 1 || st[3] == 1) && st[0] >= 0 && st[1] >= 0 && st[2] >= 0;
+}
+
+// A [B, H, L, D] array's elements in row-major order.
+std::vector<float> row_major(const mx::array& a) {
+  std::vector<float> out(a.size());
+  const auto& st = a.strides();
+  const float* p = a.data<float>();
+  size_t o = 0;
+  for (int b = 0; b < a.shape(0); ++b)
+    for (int h = 0; h < a.shape(1); ++h)
+      for (int l = 0; l < a.shape(2); ++l)
+        for (int d = 0; d < a.shape(3); ++d) out[o++] = p[b * st[0] + h * st[1] + l * st[2] + d * st[3]];
+  return out;
 }
 
 class RowAttention : public mx::Primitive {
  public:
   RowAttention(mx::Stream s, float scale) : mx::Primitive(s), scale_(scale) {}
 
-  // inputs: q [B, Hq, n, D], then k_i, v_i [B, Hkv, L_i, D] for each row i; all row-contiguous.
+  // inputs: q [B, Hq, n, D] row-contiguous, then k_i, v_i [B, Hkv, L_i, D] for each row i,
+  // each row of D floats contiguous (any strides over B, Hkv and L).
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     mx::array& out = outputs[0];
-    for (const auto& a : inputs) {
-      if (!a.flags().row_contiguous) throw std::invalid_argument("RowAttention: inputs must be row-contiguous");
-    }
+    if (!inputs[0].flags().row_contiguous) throw std::invalid_argument("RowAttention: q must be row-contiguous");
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     std::vector<mx::array> held;
@@ -142,12 +165,26 @@ class RowAttention : public mx::Primitive {
         const mx::array& v = held[2 + 2 * i];
         const int Hkv = k.shape(1), L = k.shape(2);
         const int rep = Hq / Hkv;
+        // Base pointer and strides over (B, H, L) of an input, copied to row-major if its rows
+        // are not contiguous.
+        std::vector<float> kc, vc;
+        auto view = [&](const mx::array& a, std::vector<float>& copy) {
+          if (rows_readable(a)) {
+            const auto& st = a.strides();
+            return std::make_tuple(a.data<float>(), size_t(st[0]), size_t(st[1]), size_t(st[2]));
+          }
+          copy = row_major(a);
+          const size_t l = size_t(a.shape(2)) * D;
+          return std::make_tuple(static_cast<const float*>(copy.data()), size_t(a.shape(1)) * l, l, size_t(D));
+        };
+        const auto [kb, kb0, kh, kl] = view(k, kc);
+        const auto [vb, vb0, vh, vl] = view(v, vc);
         for (int b = 0; b < B; ++b) {
           for (int h = 0; h < Hq; ++h) {
             const size_t qi = ((static_cast<size_t>(b) * Hq + h) * n + i) * D;
-            const size_t ki = (static_cast<size_t>(b) * Hkv + h / rep) * L * D;
-            attend_row(q.data<float>() + qi, k.data<float>() + ki, v.data<float>() + ki, L, D, scale,
-                       out.data<float>() + qi, scores);
+            const size_t hk = static_cast<size_t>(h / rep);
+            attend_row(q.data<float>() + qi, kb + b * kb0 + hk * kh, vb + b * vb0 + hk * vh, L, D, kl,
+                       vl, scale, out.data<float>() + qi, scores);
           }
         }
       }
@@ -196,7 +233,7 @@ ArrayPtr row_attention(const ArrayList& inputs, float scale) {
         throw std::invalid_argument("row_attention: k and v of a row differ in length");
       }
     }
-    args.push_back(mx::contiguous(a, false, s));
+    args.push_back(i > 0 ? a : mx::contiguous(a, false, s));
   }
   auto outs = mx::array::make_arrays({q.shape()}, {mx::float32}, std::make_shared<RowAttention>(s, scale), args);
   return std::make_unique<Array>(outs[0]);

@@ -449,8 +449,8 @@ fn block_attention(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array>
         // No mask: the block attends bidirectionally.
         return Ok(fast::scaled_dot_product_attention(q, k, v, scale, fast::Mask::None)?);
     }
-    // One contiguous copy of the keys and values, shared by every row.
-    let (k, v) = (k.astype(Dtype::F32)?.contiguous()?, v.astype(Dtype::F32)?.contiguous()?);
+    // The same keys and values for every row (read in place by the kernel).
+    let (k, v) = (k.astype(Dtype::F32)?, v.astype(Dtype::F32)?);
     let rows: Vec<(Array, Array)> = (0..q.dim(2)?).map(|_| (k.clone(), v.clone())).collect();
     Ok(mlx_core::blas::row_attention(q, &rows, scale)?)
 }
