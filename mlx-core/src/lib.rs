@@ -23,6 +23,7 @@ mod io;
 mod ops;
 pub mod quant;
 pub mod random;
+pub mod row_sample;
 mod sys;
 
 pub use array::{async_eval, eval, mlx_version, synchronize, Array};

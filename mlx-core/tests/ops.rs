@@ -548,3 +548,30 @@ fn row_attention_rows_are_batch_invariant_and_correct() {
     let short = Array::zeros(&[1, 1, 2, 8], Dtype::F32).unwrap();
     assert!(mlx_core::blas::row_attention(&q, &[(k.clone(), short), (k.clone(), k)], 1.0).is_err(), "k/v lengths");
 }
+
+#[test]
+fn row_draw_follows_the_running_sum() {
+    use mlx_core::row_sample::{draw, draw_residual, probabilities, RowFilter};
+    let w = Array::from_slice(&[0.0f32, 1.0, 0.0, 3.0, 0.0, 0.0, 0.0, 0.0], &[2, 4]).unwrap();
+    let draws = |u: [f32; 2]| draw(&w, &Array::from_slice(&u, &[2]).unwrap()).unwrap().to_vec::<u32>().unwrap();
+    assert_eq!(draws([0.0, 0.5]), vec![1, 0], "u = 0 takes the first positive weight; an all-zero row gives 0");
+    assert_eq!(draws([0.24, 0.0]), vec![1, 0]);
+    assert_eq!(draws([0.25, 0.0]), vec![3, 0], "1/4 of the mass sits on token 1");
+    assert_eq!(draws([0.999_999_9, 0.0]), vec![3, 0], "never a zero-weight token past the last positive");
+    // A residual: p − q keeps token 2 only; where p ≤ q everywhere, p itself.
+    let p = Array::from_slice(&[0.25f32, 0.25, 0.5, 0.0, 0.5, 0.5, 0.0, 0.0], &[2, 4]).unwrap();
+    let q = Array::from_slice(&[0.5f32, 0.25, 0.25, 0.0, 0.5, 0.5, 0.0, 0.0], &[2, 4]).unwrap();
+    let u = Array::from_slice(&[0.0f32, 0.9], &[2]).unwrap();
+    assert_eq!(draw_residual(&p, &q, &u, 1e-6).unwrap().to_vec::<u32>().unwrap(), vec![2, 1]);
+    // Bad shapes are refused.
+    assert!(draw(&w, &Array::from_slice(&[0.5f32], &[1]).unwrap()).is_err(), "one u per row");
+    let f = RowFilter { temperature: 1.0, top_p: 0.0, min_p: 0.0, min_keep: 1, top_k: 0 };
+    assert!(probabilities(&Array::zeros(&[4], Dtype::F32).unwrap(), &f).is_err(), "[R, V] expected");
+    assert!(probabilities(&Array::zeros(&[1, 4], Dtype::Bf16).unwrap(), &f).is_err(), "f32 only");
+    // Filters: top-k 2 of [1, 3, 2, 0] at T = 1 keeps tokens 1 and 2 in the ratio e : 1.
+    let l = Array::from_slice(&[1.0f32, 3.0, 2.0, 0.0], &[1, 4]).unwrap();
+    let got = probabilities(&l, &RowFilter { top_k: 2, ..f }).unwrap().to_f32_vec().unwrap();
+    let e = std::f32::consts::E;
+    let want = [0.0, e / (e + 1.0), 1.0 / (e + 1.0), 0.0];
+    assert!(got.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6), "{got:?}");
+}

@@ -7,12 +7,26 @@
 //! distribution as softmax(logprobs / T) up to f32 rounding, and the logsumexp it saves is a
 //! transcendental per vocabulary entry and row, which MLX's CPU kernels evaluate one element
 //! at a time (≈ 12 ns each: 50 µs for a 4096-entry row).
+//!
+//! On the CPU, f32 rows go through mlx-core's sampling kernels (`mlx_core::row_sample`, the
+//! switch of the other row kernels): one graph node for a block's probabilities and one per
+//! draw, where the composed pipeline takes about a dozen nodes per row, each ~10 µs of
+//! scheduling. They carry the same law up to the rounding of sums; the composed forms stay for
+//! bf16 rows (plain decoding's exact pipeline), the GPU, and as the reference the tests and the
+//! distribution gate compare with.
 
 use gemma4::sampling::{filter, logprobs, SamplerConfig};
 use mlx_core::random::{uniform, KeyChain};
+use mlx_core::row_sample::{self, RowFilter};
 use mlx_core::{where_, Array, Dtype};
 
+use crate::accept::RESIDUAL_MASS_EPSILON;
 use crate::error::Result;
+
+/// Whether f32 `rows` go through mlx-core's sampling kernels (CPU, row kernels on).
+fn row_kernel(rows: &Array) -> Result<bool> {
+    Ok(rows.dtype() == Dtype::F32 && mlx_core::blas::row_kernels_active()?)
+}
 
 /// True when the sampler applies no top-p, min-p or top-k filter.
 pub fn filters_nothing(cfg: &SamplerConfig) -> bool {
@@ -31,6 +45,24 @@ pub fn processed_logits(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
 
 /// The distribution a sampler draws from // `[.., V]` f32
 pub fn probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
+    if !row_kernel(logits)? {
+        return composed_probabilities(logits, cfg);
+    }
+    let shape = logits.shape()?;
+    let rows = logits.reshape(&[-1, logits.dim(-1)?])?; // [R, V]
+    let f = RowFilter {
+        temperature: cfg.temperature,
+        top_p: cfg.top_p,
+        min_p: cfg.min_p,
+        min_keep: cfg.min_tokens_to_keep,
+        top_k: cfg.top_k,
+    };
+    Ok(row_sample::probabilities(&rows, &f)?.reshape(&shape)?)
+}
+
+/// [`probabilities`] composed from MLX's ops, as plain decoding's sampler sees it: the
+/// reference law. `[.., V]` -> `[.., V]` f32
+pub fn composed_probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
     Ok(processed_logits(logits, cfg)?.softmax(&[-1], true)?)
 }
 
@@ -43,6 +75,14 @@ pub fn probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
 /// `weights` // `[R, V]` f32, non-negative, not necessarily normalised; `u` // `[R]` in [0, 1)
 /// -> `[R]` u32
 pub fn sample_rows(weights: &Array, u: &Array) -> Result<Array> {
+    if row_kernel(weights)? {
+        return Ok(row_sample::draw(weights, u)?);
+    }
+    composed_sample_rows(weights, u)
+}
+
+/// [`sample_rows`] composed from MLX's ops (the GPU's form, and the kernel's reference).
+pub fn composed_sample_rows(weights: &Array, u: &Array) -> Result<Array> {
     let v = weights.dim(-1)?;
     let cdf = weights.cumsum(-1, false, true)?; // [R, V]
     let total = cdf.slice_axis(-1, v - 1, v)?; // [R, 1]
@@ -61,4 +101,15 @@ pub fn sample_rows(weights: &Array, u: &Array) -> Result<Array> {
 pub fn draw_rows(weights: &Array, keys: &mut KeyChain) -> Result<Array> {
     let u = uniform(0.0, 1.0, &[weights.dim(0)?], Dtype::F32, &keys.next_key()?)?;
     sample_rows(weights, &u)
+}
+
+/// One draw per row from the residual max(p − q, 0), or from p where that mass is (numerically)
+/// zero (`verify::residual_weights`), with one fresh uniform per row from the next key of `keys`.
+/// `p`, `q` // `[d, V]` f32 -> `[d]` u32
+pub fn draw_residual_rows(p: &Array, q: &Array, keys: &mut KeyChain) -> Result<Array> {
+    let u = uniform(0.0, 1.0, &[p.dim(0)?], Dtype::F32, &keys.next_key()?)?;
+    if row_kernel(p)? && q.dtype() == Dtype::F32 {
+        return Ok(row_sample::draw_residual(p, q, &u, RESIDUAL_MASS_EPSILON as f32)?);
+    }
+    composed_sample_rows(&crate::verify::residual_weights(p, q)?, &u)
 }

@@ -10,7 +10,7 @@ use mlx_core::{concatenate, where_, Array, Dtype};
 use crate::accept::{first_rejection_or_bonus, NextToken, RESIDUAL_MASS_EPSILON};
 use crate::drafter::Proposal;
 use crate::error::{Error, Result};
-use crate::probs::{draw_rows, probabilities};
+use crate::probs::{draw_residual_rows, draw_rows, probabilities};
 use crate::rule::VerifyRule;
 use crate::stats::SpecStats;
 
@@ -98,7 +98,7 @@ pub(crate) fn sampled_verdict(
     let qx = q.take_along_axis(&idx, -1)?.reshape(&[d])?;
     let u = random::uniform(0.0, 1.0, &[d], Dtype::F32, &keys.next_key()?)?;
     let accept = accept_flags(&u, &px, &qx)?; // [d] bool
-    let recovered = draw_rows(&residual_weights(&pk, q)?, keys)?; // [d]
+    let recovered = draw_residual_rows(&pk, q, keys)?; // [d]
     let packed = concatenate(&[&prop.tokens, &accept.astype(Dtype::U32)?, &recovered, &bonus], 0)?;
     let host = packed.to_vec::<u32>()?;
     stats.host_syncs += 1;

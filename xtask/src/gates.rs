@@ -27,7 +27,7 @@ use spec_decode::decode::{decode_from, prefill, Prefilled};
 use spec_decode::deepspec::DeepSpecDrafter;
 use spec_decode::dspark::{fit_bigram_drafter, DSparkConfig, DSparkDrafter};
 use spec_decode::oracle::SelfDrafter;
-use spec_decode::probs::probabilities;
+use spec_decode::probs::composed_probabilities as probabilities;
 use spec_decode::testing::{decode_from_with_rule, ScriptedConfidence, VerifyRule};
 use spec_decode::testing::{write_synthetic_deepspec, SyntheticDeepSpec};
 use spec_decode::{speculative_generate, Drafter, Pruning, SpecConfig};

@@ -160,6 +160,16 @@ pub(crate) mod ffi {
         fn row_linear_paths_agree(m: i32, k: i32, n: i32) -> bool;
         // ---- row-invariant single-query attention (row_attention.cc) ----
         fn row_attention(inputs: &ArrayList, scale: f32) -> Result<UniquePtr<Array>>;
+        // ---- sampling rows in one node (row_sample.cc) ----
+        fn row_probs(
+            logits: &Array,
+            inv_t: f32,
+            top_p: f64,
+            min_p: f64,
+            min_keep: i32,
+            top_k: i32,
+        ) -> Result<UniquePtr<Array>>;
+        fn row_draw(weights: &Array, u: &Array, residual_of: &ArrayList, empty_mass: f32) -> Result<UniquePtr<Array>>;
     }
 
     extern "Rust" {

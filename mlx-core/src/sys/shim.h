@@ -100,6 +100,12 @@ bool row_linear_paths_agree(int M, int K, int N);
 // Single-query attention of each row of q [B, Hq, n, D] over its own k_i, v_i [B, Hkv, L_i, D]
 // (inputs: q, k_0, v_0, k_1, v_1, …), with every row's bits independent of n (row_attention.cc).
 ArrayPtr row_attention(const ArrayList& inputs, float scale);
+// The filtered, tempered distribution of each row of f32 logits [R, V] (mlx-lm's order: top-p,
+// min-p, top-k on the logprobs, then 1/T), one node (row_sample.cc). min_p 0 and top_k 0 are off.
+ArrayPtr row_probs(const Array& logits, float inv_t, double top_p, double min_p, int32_t min_keep, int32_t top_k);
+// One inverse-CDF draw per row of weights [R, V] with u [R]; with a q in `residual_of`, from the
+// residual max(weights − q, 0), or from the weights where its mass is at most empty_mass.
+ArrayPtr row_draw(const Array& weights, const Array& u, const ArrayList& residual_of, float empty_mass);
 
 // ---- fast ----
 // `weight` holds zero or one array: MLX's optional weight.
