@@ -28,8 +28,8 @@ pub enum Attend<'a> {
 enum Fetched {
     /// One K/V for all queries // `[B, Hkv, S, D]` each
     Batched(Array, Array),
-    /// One K/V per query row // `[B, Hkv, S_i, D]` each
-    Stepwise(Vec<(Array, Array)>),
+    /// One K/V per query row, as views of the cache in pieces // `[B, Hkv, S_i, D]` in all
+    Stepwise(Vec<crate::cache::KvPieces>),
 }
 
 /// K/V (and RoPE offset) a donor publishes to its sharers.
@@ -130,7 +130,7 @@ impl Attention {
                         Fetched::Batched(k, v)
                     }
                     (Attend::Batched(_), None) => Fetched::Batched(k, v),
-                    (Attend::Stepwise, Some(c)) => Fetched::Stepwise(c.update_and_fetch_stepwise(&k, &v)?),
+                    (Attend::Stepwise, Some(c)) => Fetched::Stepwise(c.update_and_fetch_stepwise_pieces(&k, &v)?),
                     (Attend::Stepwise, None) => {
                         return Err(crate::Error::Input {
                             op: "attention",
@@ -158,16 +158,17 @@ impl Attention {
             }
             (Fetched::Stepwise(rows), Attend::Stepwise) if row_kernel(&q)? => {
                 // Every row over its own keys in one node (mlx-core's row-invariant kernel).
-                mlx_core::blas::row_attention(&q, rows, 1.0)?
+                mlx_core::blas::row_attention_pieces(&q, rows, 1.0)?
             }
             (Fetched::Stepwise(rows), Attend::Stepwise) => {
                 // One unmasked single-query call per row, as a decode step makes it.
                 let outs = rows
                     .iter()
                     .enumerate()
-                    .map(|(i, (k, v))| {
+                    .map(|(i, pieces)| {
                         let qi = q.slice_axis(2, i as i32, i as i32 + 1)?; // [B, Hq, 1, D]
-                        fast::scaled_dot_product_attention(&qi, k, v, 1.0, fast::Mask::None)
+                        let (k, v) = crate::cache::join_pieces(pieces.clone())?;
+                        fast::scaled_dot_product_attention(&qi, &k, &v, 1.0, fast::Mask::None)
                     })
                     .collect::<mlx_core::Result<Vec<_>>>()?;
                 concatenate(&outs, 2)?

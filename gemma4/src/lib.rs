@@ -43,6 +43,7 @@ pub mod weights;
 pub use cache::{Cache, CacheError, LayerCache};
 pub use compute::ComputeDtype;
 pub use config::{LayerKind, TextConfig};
+pub use mlp::gelu;
 pub use error::{Error, Result};
 pub use model::{ForwardOutput, Model};
 #[cfg(feature = "testing")]

@@ -36,7 +36,7 @@ impl Mlp {
 /// element's bits its own, so decode steps and verify rows agree; MLX's form takes a tanh per
 /// element one at a time, 7 ms of an 8-row verify window on a 230M model); otherwise MLX's
 /// composed form, as mlx-lm computes it (`MLX_CORE_ROW_LINEAR=0` for the parity gate).
-pub(crate) fn gelu(x: &Array) -> Result<Array> {
+pub fn gelu(x: &Array) -> Result<Array> {
     let fast = x.dtype() == Dtype::F32 && mlx_core::blas::row_kernels_active()?;
     Ok(if fast { mlx_core::blas::row_gelu(x)? } else { gelu_approx(x)? })
 }

@@ -148,13 +148,25 @@ pub fn row_linear(x: &Array, w: &Array) -> Result<Array> {
 /// keys and values `rows[i]` = (`[B, Hkv, L_i, D]`, same), Hkv dividing Hq (grouped queries):
 /// softmax(q·kᵀ·scale)·v per row and head, in one graph node for all rows. Each row's bits
 /// depend only on its own query, keys and values — not on n or the row's place — so a decode
-/// step (n = 1) and the same position inside a stepwise verify window agree bit for bit.
-/// Returns `[B, Hq, n, D]`. Enabled with [`row_linear`] (see [`row_linear_enabled`]).
+/// step (n = 1) and the same position inside a stepwise verify window agree bit for bit. Keys
+/// and values are read in place (views of a cache buffer are not copied). Returns
+/// `[B, Hq, n, D]`. Enabled with [`row_linear`] (see [`row_linear_enabled`]).
 #[track_caller]
 pub fn row_attention(q: &Array, rows: &[(Array, Array)], scale: f32) -> Result<Array> {
     let items = std::iter::once(q).chain(rows.iter().flat_map(|(k, v)| [k, v]));
     let l = crate::array::List::new(items)?;
-    Array::wrap("row_attention", crate::sys::ffi::row_attention(l.raw(), scale))
+    Array::wrap("row_attention", crate::sys::ffi::row_attention(l.raw(), &vec![1; rows.len()], scale))
+}
+
+/// [`row_attention`] with each row's keys and values given in pieces, attended as their
+/// concatenation along L (a wrapped sliding-window ring is two pieces): the bits are those of
+/// the concatenated row, without copying it. `rows[i]` // pieces (`[B, Hkv, L_s, D]`, same)
+#[track_caller]
+pub fn row_attention_pieces(q: &Array, rows: &[Vec<(Array, Array)>], scale: f32) -> Result<Array> {
+    let items = std::iter::once(q).chain(rows.iter().flatten().flat_map(|(k, v)| [k, v]));
+    let l = crate::array::List::new(items)?;
+    let counts: Vec<i32> = rows.iter().map(|r| r.len() as i32).collect();
+    Array::wrap("row_attention", crate::sys::ffi::row_attention(l.raw(), &counts, scale))
 }
 
 /// Zero rows appended to `x` // `[R, K]` -> `[ceil(R / quantum) · quantum, K]`

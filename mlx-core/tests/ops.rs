@@ -539,6 +539,34 @@ fn row_attention_rows_are_batch_invariant_and_correct() {
     let from_views = mlx_core::blas::row_attention(&q, &views, 0.3).unwrap();
     let from_copies = mlx_core::blas::row_attention(&q, &copies, 0.3).unwrap();
     assert_eq!(from_views.to_bytes().unwrap(), from_copies.to_bytes().unwrap(), "views read in place");
+    // Keys in pieces give the bits of their concatenation (a wrapped ring's two halves).
+    let pieces: Vec<Vec<(Array, Array)>> = vec![
+        vec![(buf.slice_axis(2, 30, 40).unwrap(), buf.slice_axis(2, 0, 10).unwrap())],
+        vec![
+            (buf.slice_axis(2, 30, 40).unwrap(), buf.slice_axis(2, 0, 10).unwrap()),
+            (buf.slice_axis(2, 0, 20).unwrap(), buf.slice_axis(2, 10, 30).unwrap()),
+        ],
+        vec![
+            (by_dims.transpose(&[0, 1, 3, 2]).unwrap().slice_axis(2, 0, 3).unwrap(), buf.slice_axis(2, 1, 4).unwrap()),
+            (buf.slice_axis(2, 5, 6).unwrap(), buf.slice_axis(2, 6, 7).unwrap()),
+        ],
+    ];
+    let joined: Vec<(Array, Array)> = pieces
+        .iter()
+        .map(|r| {
+            let ks: Vec<&Array> = r.iter().map(|(k, _)| k).collect();
+            let vs: Vec<&Array> = r.iter().map(|(_, v)| v).collect();
+            (mlx_core::concatenate(&ks, 2).unwrap(), mlx_core::concatenate(&vs, 2).unwrap())
+        })
+        .collect();
+    let from_pieces = mlx_core::blas::row_attention_pieces(&q, &pieces, 0.3).unwrap();
+    let from_joined = mlx_core::blas::row_attention(&q, &joined, 0.3).unwrap();
+    assert_eq!(from_pieces.to_bytes().unwrap(), from_joined.to_bytes().unwrap(), "pieces read as one row");
+    assert!(mlx_core::blas::row_attention_pieces(&q, &pieces[..2], 0.3).is_err(), "3 rows, 2 lists");
+    assert!(
+        mlx_core::blas::row_attention_pieces(&q, &[vec![], pieces[1].clone(), pieces[2].clone()], 0.3).is_err(),
+        "a row without keys"
+    );
     // Inputs that do not fit are refused, not read out of bounds.
     let q = Array::zeros(&[1, 4, 2, 8], Dtype::F32).unwrap();
     let k = Array::zeros(&[1, 1, 3, 8], Dtype::F32).unwrap();

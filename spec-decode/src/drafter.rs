@@ -8,8 +8,8 @@
 
 use gemma4::sampling::SamplerConfig;
 use gemma4::{Cache, Model, TapSet};
-use mlx_core::random::KeyChain;
-use mlx_core::Array;
+use mlx_core::random::{uniform, KeyChain};
+use mlx_core::{Array, Dtype};
 
 use crate::error::Result;
 
@@ -34,11 +34,25 @@ impl DraftSampling<'_> {
     /// giving the same bits in another batch shape. The draw is an inverse-CDF draw from q
     /// itself, so q is exactly the distribution the token came from. `logits` // `[1, V]` f32
     /// -> (`[1]` u32, `[1, V]` f32). Greedy drafters pick their own argmax; this returns
-    /// `None` for them.
+    /// `None` for them. Uses one key; a block's drafts are cheaper with [`Self::uniforms`] and
+    /// [`Self::draw_with`].
     pub fn draw(&mut self, logits: &Array) -> Result<Option<(Array, Array)>> {
-        let DraftSampling::Sample { cfg, keys } = self else { return Ok(None) };
+        let Some(u) = self.uniforms(1)? else { return Ok(None) };
+        self.draw_with(logits, &u)
+    }
+
+    /// Under sampling, `n` independent uniforms in [0, 1) from one key, for the draws of a
+    /// block's positions (each key costs a few graph nodes) // `[n]` f32; `None` when greedy.
+    pub fn uniforms(&mut self, n: usize) -> Result<Option<Array>> {
+        let DraftSampling::Sample { keys, .. } = self else { return Ok(None) };
+        Ok(Some(uniform(0.0, 1.0, &[n as i32], Dtype::F32, &keys.next_key()?)?))
+    }
+
+    /// [`Self::draw`] with the uniform `u` // `[1]` f32 (one of [`Self::uniforms`]).
+    pub fn draw_with(&self, logits: &Array, u: &Array) -> Result<Option<(Array, Array)>> {
+        let DraftSampling::Sample { cfg, .. } = self else { return Ok(None) };
         let q = crate::probs::probabilities(logits, cfg)?; // [1, V]
-        Ok(Some((crate::probs::draw_rows(&q, keys)?, q)))
+        Ok(Some((crate::probs::sample_rows(&q, u)?, q)))
     }
 }
 

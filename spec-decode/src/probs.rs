@@ -108,8 +108,13 @@ pub fn draw_rows(weights: &Array, keys: &mut KeyChain) -> Result<Array> {
 /// `p`, `q` // `[d, V]` f32 -> `[d]` u32
 pub fn draw_residual_rows(p: &Array, q: &Array, keys: &mut KeyChain) -> Result<Array> {
     let u = uniform(0.0, 1.0, &[p.dim(0)?], Dtype::F32, &keys.next_key()?)?;
+    sample_residual_rows(p, q, &u)
+}
+
+/// [`draw_residual_rows`] with given uniforms `u` // `[d]` f32.
+pub fn sample_residual_rows(p: &Array, q: &Array, u: &Array) -> Result<Array> {
     if row_kernel(p)? && q.dtype() == Dtype::F32 {
-        return Ok(row_sample::draw_residual(p, q, &u, RESIDUAL_MASS_EPSILON as f32)?);
+        return Ok(row_sample::draw_residual(p, q, u, RESIDUAL_MASS_EPSILON as f32)?);
     }
-    composed_sample_rows(&crate::verify::residual_weights(p, q)?, &u)
+    composed_sample_rows(&crate::verify::residual_weights(p, q)?, u)
 }

@@ -10,7 +10,7 @@ use mlx_core::{concatenate, where_, Array, Dtype};
 use crate::accept::{first_rejection_or_bonus, NextToken, RESIDUAL_MASS_EPSILON};
 use crate::drafter::Proposal;
 use crate::error::{Error, Result};
-use crate::probs::{draw_residual_rows, draw_rows, probabilities};
+use crate::probs::{probabilities, sample_residual_rows, sample_rows};
 use crate::rule::VerifyRule;
 use crate::stats::SpecStats;
 
@@ -58,7 +58,7 @@ pub fn accept_flags(u: &Array, px: &Array, qx: &Array) -> Result<Array> {
 
 /// Weights of each row's residual max(p − q, 0) (unnormalised), or p itself where that mass is
 /// (numerically) zero, i.e. where p ≤ q everywhere and a rejection cannot happen.
-/// `p`, `q` // `[d, V]` f32 probabilities -> `[d, V]` f32, for [`draw_rows`]
+/// `p`, `q` // `[d, V]` f32 probabilities -> `[d, V]` f32, for [`crate::probs::sample_rows`]
 pub fn residual_weights(p: &Array, q: &Array) -> Result<Array> {
     let res = p.subtract(q)?.maximum_scalar(0.0)?;
     let empty = res.sum(&[-1], true)?.less_equal_scalar(RESIDUAL_MASS_EPSILON)?;
@@ -67,7 +67,7 @@ pub fn residual_weights(p: &Array, q: &Array) -> Result<Array> {
 
 /// Speculative sampling with every random draw made on the device: per position k the accept
 /// flag and a residual draw, plus the bonus draw from p_d, read back in one transfer. Draws
-/// are inverse-CDF draws ([`draw_rows`]): no logarithm over the vocabulary. The host
+/// are inverse-CDF draws ([`sample_rows`]): no logarithm over the vocabulary. The host
 /// takes the first rejected position's residual draw, or the bonus if none was rejected.
 /// `logits` // `[d+1, V]`
 pub(crate) fn sampled_verdict(
@@ -83,8 +83,10 @@ pub(crate) fn sampled_verdict(
         Some(p) => p.len()? as i32,
         None => 0,
     };
+    // Every uniform of the round from one key: d accept tests, d residual draws, the bonus.
+    let u = random::uniform(0.0, 1.0, &[2 * d + 1], Dtype::F32, &keys.next_key()?)?; // [2d+1]
     let p_bonus = p.slice_axis(0, d, d + 1)?;
-    let bonus = draw_rows(&p_bonus, keys)?; // [1]
+    let bonus = sample_rows(&p_bonus, &u.slice_axis(0, 2 * d, 2 * d + 1)?)?; // [1]
     let Some(prop) = proposal else {
         let host = bonus.to_vec::<u32>()?;
         stats.host_syncs += 1;
@@ -96,9 +98,8 @@ pub(crate) fn sampled_verdict(
     let idx = prop.tokens.reshape(&[d, 1])?;
     let px = pk.take_along_axis(&idx, -1)?.reshape(&[d])?;
     let qx = q.take_along_axis(&idx, -1)?.reshape(&[d])?;
-    let u = random::uniform(0.0, 1.0, &[d], Dtype::F32, &keys.next_key()?)?;
-    let accept = accept_flags(&u, &px, &qx)?; // [d] bool
-    let recovered = draw_residual_rows(&pk, q, keys)?; // [d]
+    let accept = accept_flags(&u.slice_axis(0, 0, d)?, &px, &qx)?; // [d] bool
+    let recovered = sample_residual_rows(&pk, q, &u.slice_axis(0, d, 2 * d)?)?; // [d]
     let packed = concatenate(&[&prop.tokens, &accept.astype(Dtype::U32)?, &recovered, &bonus], 0)?;
     let host = packed.to_vec::<u32>()?;
     stats.host_syncs += 1;

@@ -2,7 +2,7 @@
 
 use mlx_core::{concatenate, Array};
 
-use super::CacheError;
+use super::{CacheError, KvPieces};
 
 const STEP: i32 = 256;
 
@@ -72,6 +72,11 @@ impl KvCache {
         (prev + 1..=self.offset as i32)
             .map(|end| Ok((keys.slice_axis(2, 0, end)?, values.slice_axis(2, 0, end)?)))
             .collect()
+    }
+
+    /// [`Self::update_and_fetch_stepwise`] as [`KvPieces`] (always one piece: views of the buffer).
+    pub fn update_and_fetch_stepwise_pieces(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<KvPieces>> {
+        Ok(self.update_and_fetch_stepwise(k, v)?.into_iter().map(|kv| vec![kv]).collect())
     }
 
     fn fetch(&self) -> mlx_core::Result<(Array, Array)> {

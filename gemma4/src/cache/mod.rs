@@ -12,7 +12,7 @@ mod rotating;
 pub use full::KvCache;
 pub use rotating::RotatingKvCache;
 
-use mlx_core::Array;
+use mlx_core::{concatenate, Array};
 
 use crate::config::{LayerKind, TextConfig};
 
@@ -31,6 +31,20 @@ pub enum CacheError {
 
 /// Checks that k and v are `[B, H, S, D]` rows to write, with S ≥ 1, the same B, H and S, and
 /// the B, H and D of the buffers already held, so a bad write is refused before anything changes.
+/// One query row's keys and values as views of a cache buffer, attended as their concatenation
+/// along the rows // each (`[B, H, L_s, D]`, same)
+pub type KvPieces = Vec<(Array, Array)>;
+
+/// A row's pieces as one K/V pair (a copy only when there are several).
+pub fn join_pieces(mut pieces: KvPieces) -> mlx_core::Result<(Array, Array)> {
+    if pieces.len() == 1 {
+        return Ok(pieces.remove(0));
+    }
+    let ks: Vec<&Array> = pieces.iter().map(|(k, _)| k).collect();
+    let vs: Vec<&Array> = pieces.iter().map(|(_, v)| v).collect();
+    Ok((concatenate(&ks, 2)?, concatenate(&vs, 2)?))
+}
+
 fn check_rows(k: &Array, v: &Array, held: Option<(&Array, &Array)>) -> mlx_core::Result<()> {
     let (ks, vs) = (k.shape()?, v.shape()?);
     let bad = |detail: String| Err(mlx_core::Error::Host { op: "cache write", detail });
@@ -72,6 +86,14 @@ impl LayerCache {
         match self {
             LayerCache::Full(c) => c.update_and_fetch_stepwise(k, v),
             LayerCache::Rotating(c) => c.update_and_fetch_stepwise(k, v),
+        }
+    }
+
+    /// [`Self::update_and_fetch_stepwise`] with each row's K/V as uncopied views of the buffer.
+    pub fn update_and_fetch_stepwise_pieces(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<KvPieces>> {
+        match self {
+            LayerCache::Full(c) => c.update_and_fetch_stepwise_pieces(k, v),
+            LayerCache::Rotating(c) => c.update_and_fetch_stepwise_pieces(k, v),
         }
     }
 

@@ -23,7 +23,7 @@
 use mlx_core::{concatenate, Array};
 
 use super::full::write_rows;
-use super::CacheError;
+use super::{CacheError, KvPieces};
 
 const STEP: i32 = 256;
 
@@ -190,6 +190,12 @@ impl RotatingKvCache {
     /// that a one-token decode step at that row's position would attend to: the same rows in
     /// the same ring order, so attention over them is bit-identical to token-at-a-time decoding.
     pub fn update_and_fetch_stepwise(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<(Array, Array)>> {
+        self.update_and_fetch_stepwise_pieces(k, v)?.into_iter().map(super::join_pieces).collect()
+    }
+
+    /// [`Self::update_and_fetch_stepwise`] with each row's K/V as views of the buffer: one piece,
+    /// or two where the ring has wrapped (attended as their concatenation), so nothing is copied.
+    pub fn update_and_fetch_stepwise_pieces(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<KvPieces>> {
         super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         let prev = self.offset;
         let phase = *self.phase.get_or_insert(prev.max(self.max_size as usize));
@@ -198,24 +204,29 @@ impl RotatingKvCache {
         let first = self.offset - self.buffer_len()?; // position of buffer row 0
         let s = k.dim(2)? as usize;
         (prev..prev + s)
-            .map(|q| Ok((self.decode_view(&keys, q, phase, first)?, self.decode_view(&values, q, phase, first)?)))
+            .map(|q| {
+                let ks = self.decode_view(&keys, q, phase, first)?;
+                let vs = self.decode_view(&values, q, phase, first)?;
+                Ok(ks.into_iter().zip(vs).collect())
+            })
             .collect()
     }
 
     /// The rows a decode step at position `q` sees, from a temporal buffer starting at `first`:
-    /// the last min(q + 1, window) positions, rotated so the one in slot 0 comes first.
-    fn decode_view(&self, buf: &Array, q: usize, phase: usize, first: usize) -> mlx_core::Result<Array> {
+    /// the last min(q + 1, window) positions, rotated so the one in slot 0 comes first (as one
+    /// or two slices of the buffer, in order).
+    fn decode_view(&self, buf: &Array, q: usize, phase: usize, first: usize) -> mlx_core::Result<Vec<Array>> {
         let w = self.max_size as usize;
         let lo = (q + 1).saturating_sub(w);
         let row = |pos: usize| (pos - first) as i32;
         if q + 1 < w {
-            return buf.slice_axis(2, row(lo), row(q + 1));
+            return Ok(vec![buf.slice_axis(2, row(lo), row(q + 1))?]);
         }
         let slot0 = lo + (phase + w - lo % w) % w;
         if slot0 == lo {
-            buf.slice_axis(2, row(lo), row(q + 1))
+            Ok(vec![buf.slice_axis(2, row(lo), row(q + 1))?])
         } else {
-            concatenate(&[&buf.slice_axis(2, row(slot0), row(q + 1))?, &buf.slice_axis(2, row(lo), row(slot0))?], 2)
+            Ok(vec![buf.slice_axis(2, row(slot0), row(q + 1))?, buf.slice_axis(2, row(lo), row(slot0))?])
         }
     }
 

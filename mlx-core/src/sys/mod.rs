@@ -159,7 +159,7 @@ pub(crate) mod ffi {
         fn row_gelu(x: &Array) -> Result<UniquePtr<Array>>;
         fn row_linear_paths_agree(m: i32, k: i32, n: i32) -> bool;
         // ---- row-invariant single-query attention (row_attention.cc) ----
-        fn row_attention(inputs: &ArrayList, scale: f32) -> Result<UniquePtr<Array>>;
+        fn row_attention(inputs: &ArrayList, segments: &[i32], scale: f32) -> Result<UniquePtr<Array>>;
         // ---- sampling rows in one node (row_sample.cc) ----
         fn row_probs(
             logits: &Array,

@@ -45,13 +45,13 @@ inline float exponentiate(float* scores, int L, float m) {
 
 // One query row `q` [D] over `L` keys/values into `out` [D]: scores, their maximum,
 // exponentials summed in key order, values accumulated in key order with FMAs, then divided by
-// the sum. Key j starts at k + j·ks and value j at v + j·vs (each row's D floats contiguous), so
-// a cache buffer sliced to its first L rows is read in place.
-void attend_row_generic(const float* q, const float* k, const float* v, int L, int D, size_t ks, size_t vs,
-                        float scale, float* out, float* scores) {
+// the sum. Key j's D floats start at k[j] and value j's at v[j], so cache buffers are read in
+// place, whatever their layout and however many pieces a row's keys come in.
+void attend_row_generic(const float* q, const float* const* k, const float* const* v, int L, int D, float scale,
+                        float* out, float* scores) {
   float m = -INFINITY;
   for (int j = 0; j < L; ++j) {
-    const float* kr = k + static_cast<size_t>(j) * ks;
+    const float* kr = k[j];
     float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int d = 0;
     for (; d + 8 <= D; d += 8) {
@@ -65,7 +65,7 @@ void attend_row_generic(const float* q, const float* k, const float* v, int L, i
   const float sum = exponentiate(scores, L, m);
   for (int d = 0; d < D; ++d) out[d] = 0.0f;
   for (int j = 0; j < L; ++j) {
-    const float* vr = v + static_cast<size_t>(j) * vs;
+    const float* vr = v[j];
     for (int d = 0; d < D; ++d) out[d] = std::fma(scores[j], vr[d], out[d]);
   }
   const float inv = 1.0f / sum;
@@ -73,14 +73,14 @@ void attend_row_generic(const float* q, const float* k, const float* v, int L, i
 }
 
 #if defined(__x86_64__) || defined(_M_X64)
-__attribute__((target("avx2,fma"))) void attend_row_avx2(const float* q, const float* k, const float* v, int L,
-                                                         int D, size_t ks, size_t vs, float scale, float* out,
-                                                         float* scores) {
+__attribute__((target("avx2,fma"))) void attend_row_avx2(const float* q, const float* const* k,
+                                                         const float* const* v, int L, int D, float scale,
+                                                         float* out, float* scores) {
   const int d8 = D & ~7;
   float m = -INFINITY;
   alignas(32) float lane[8];
   for (int j = 0; j < L; ++j) {
-    const float* kr = k + static_cast<size_t>(j) * ks;
+    const float* kr = k[j];
     __m256 acc = _mm256_setzero_ps();
     for (int d = 0; d < d8; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kr + d), acc);
     _mm256_store_ps(lane, acc);
@@ -92,7 +92,7 @@ __attribute__((target("avx2,fma"))) void attend_row_avx2(const float* q, const f
   const float sum = exponentiate(scores, L, m);
   for (int d = 0; d < D; ++d) out[d] = 0.0f;
   for (int j = 0; j < L; ++j) {
-    const float* vr = v + static_cast<size_t>(j) * vs;
+    const float* vr = v[j];
     const __m256 p = _mm256_set1_ps(scores[j]);
     int d = 0;
     for (; d < d8; d += 8) _mm256_storeu_ps(out + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + d), _mm256_loadu_ps(out + d)));
@@ -108,13 +108,14 @@ bool has_avx2_fma() {
 }
 #endif
 
-void attend_row(const float* q, const float* k, const float* v, int L, int D, size_t ks, size_t vs, float scale,
-                float* out, std::vector<float>& scores) {
-  scores.resize(static_cast<size_t>(L));
+void attend_row(const float* q, const std::vector<const float*>& k, const std::vector<const float*>& v, int D,
+                float scale, float* out, std::vector<float>& scores) {
+  const int L = static_cast<int>(k.size());
+  scores.resize(k.size());
 #if defined(__x86_64__) || defined(_M_X64)
-  if (has_avx2_fma()) return attend_row_avx2(q, k, v, L, D, ks, vs, scale, out, scores.data());
+  if (has_avx2_fma()) return attend_row_avx2(q, k.data(), v.data(), L, D, scale, out, scores.data());
 #endif
-  attend_row_generic(q, k, v, L, D, ks, vs, scale, out, scores.data());
+  attend_row_generic(q, k.data(), v.data(), L, D, scale, out, scores.data());
 }
 
 // Keys and values are read through their strides when each row's D floats are contiguous
@@ -139,12 +140,22 @@ std::vector<float> row_major(const mx::array& a) {
   return out;
 }
 
+// A [B, H, L, D] input read in place: its element (b, h, l, 0) and the D floats after it.
+struct Rows {
+  const float* base;
+  size_t sb, sh, sl;
+  int L;
+  const float* row(int b, int h, int l) const { return base + b * sb + h * sh + l * sl; }
+};
+
 class RowAttention : public mx::Primitive {
  public:
-  RowAttention(mx::Stream s, float scale) : mx::Primitive(s), scale_(scale) {}
+  RowAttention(mx::Stream s, float scale, std::vector<int> segments)
+      : mx::Primitive(s), scale_(scale), segments_(std::move(segments)) {}
 
-  // inputs: q [B, Hq, n, D] row-contiguous, then k_i, v_i [B, Hkv, L_i, D] for each row i,
-  // each row of D floats contiguous (any strides over B, Hkv and L).
+  // inputs: q [B, Hq, n, D] row-contiguous, then for each row i its keys and values as
+  // segments_[i] pairs k, v [B, Hkv, L_s, D], attended as their concatenation along L (each
+  // row of D floats contiguous; any strides over B, Hkv and L).
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     mx::array& out = outputs[0];
     if (!inputs[0].flags().row_contiguous) throw std::invalid_argument("RowAttention: q must be row-contiguous");
@@ -156,37 +167,42 @@ class RowAttention : public mx::Primitive {
       held.push_back(mx::array::unsafe_weak_copy(a));
     }
     enc.set_output_array(out);
-    enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), scale = scale_]() mutable {
+    enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), scale = scale_,
+                  segments = segments_]() mutable {
       const mx::array& q = held[0];
       const int B = q.shape(0), Hq = q.shape(1), n = q.shape(2), D = q.shape(3);
       std::vector<float> scores;
+      std::vector<const float*> kp, vp;
+      std::vector<std::vector<float>> copies;  // inputs whose rows are not contiguous
+      auto rows = [&](const mx::array& a) {
+        if (rows_readable(a)) {
+          const auto& st = a.strides();
+          return Rows{a.data<float>(), size_t(st[0]), size_t(st[1]), size_t(st[2]), a.shape(2)};
+        }
+        copies.push_back(row_major(a));
+        const size_t l = size_t(a.shape(2)) * D;
+        return Rows{copies.back().data(), size_t(a.shape(1)) * l, l, size_t(D), a.shape(2)};
+      };
+      size_t next = 1;
       for (int i = 0; i < n; ++i) {
-        const mx::array& k = held[1 + 2 * i];
-        const mx::array& v = held[2 + 2 * i];
-        const int Hkv = k.shape(1), L = k.shape(2);
-        const int rep = Hq / Hkv;
-        // Base pointer and strides over (B, H, L) of an input, copied to row-major if its rows
-        // are not contiguous.
-        std::vector<float> kc, vc;
-        auto view = [&](const mx::array& a, std::vector<float>& copy) {
-          if (rows_readable(a)) {
-            const auto& st = a.strides();
-            return std::make_tuple(a.data<float>(), size_t(st[0]), size_t(st[1]), size_t(st[2]));
-          }
-          copy = row_major(a);
-          const size_t l = size_t(a.shape(2)) * D;
-          return std::make_tuple(static_cast<const float*>(copy.data()), size_t(a.shape(1)) * l, l, size_t(D));
-        };
-        const auto [kb, kb0, kh, kl] = view(k, kc);
-        const auto [vb, vb0, vh, vl] = view(v, vc);
+        std::vector<std::pair<Rows, Rows>> segs;
+        for (int s = 0; s < segments[i]; ++s, next += 2) segs.emplace_back(rows(held[next]), rows(held[next + 1]));
+        const int rep = Hq / held[next - 2].shape(1);
         for (int b = 0; b < B; ++b) {
           for (int h = 0; h < Hq; ++h) {
+            kp.clear();
+            vp.clear();
+            for (const auto& [k, v] : segs) {
+              for (int l = 0; l < k.L; ++l) {
+                kp.push_back(k.row(b, h / rep, l));
+                vp.push_back(v.row(b, h / rep, l));
+              }
+            }
             const size_t qi = ((static_cast<size_t>(b) * Hq + h) * n + i) * D;
-            const size_t hk = static_cast<size_t>(h / rep);
-            attend_row(q.data<float>() + qi, kb + b * kb0 + hk * kh, vb + b * vb0 + hk * vh, L, D, kl,
-                       vl, scale, out.data<float>() + qi, scores);
+            attend_row(q.data<float>() + qi, kp, vp, D, scale, out.data<float>() + qi, scores);
           }
         }
+        copies.clear();
       }
     });
   }
@@ -197,45 +213,65 @@ class RowAttention : public mx::Primitive {
 
   DEFINE_NAME(RowAttention)
   bool is_equivalent(const mx::Primitive& other) const override {
-    return scale_ == static_cast<const RowAttention&>(other).scale_;
+    const auto& o = static_cast<const RowAttention&>(other);
+    return scale_ == o.scale_ && segments_ == o.segments_;
   }
 
  private:
   float scale_;
+  std::vector<int> segments_;
 };
 
 }  // namespace
 
-ArrayPtr row_attention(const ArrayList& inputs, float scale) {
+ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segments, float scale) {
   const auto& in = inputs.items;
-  if (in.size() < 3 || in.size() % 2 != 1) {
-    throw std::invalid_argument("row_attention: expected q and one (k, v) pair per query row");
-  }
+  if (in.empty()) throw std::invalid_argument("row_attention: expected q and each query row's (k, v) pairs");
   const auto& q = in[0];
   if (q.ndim() != 4) throw std::invalid_argument("row_attention: q must be [B, Hq, n, D]");
   const int n = q.shape(2);
-  if (static_cast<size_t>(2 * n + 1) != in.size()) {
-    throw std::invalid_argument("row_attention: " + std::to_string(n) + " query rows need as many (k, v) pairs");
+  if (segments.size() != static_cast<size_t>(n)) {
+    throw std::invalid_argument("row_attention: " + std::to_string(n) + " query rows need as many segment counts");
+  }
+  size_t pairs = 0;
+  for (int32_t c : segments) {
+    if (c < 1) throw std::invalid_argument("row_attention: every row needs at least one (k, v) pair");
+    pairs += static_cast<size_t>(c);
+  }
+  if (in.size() != 1 + 2 * pairs) {
+    throw std::invalid_argument("row_attention: expected " + std::to_string(pairs) + " (k, v) pairs, got " +
+                                std::to_string(in.size() - 1) + " arrays");
   }
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
   std::vector<mx::array> args;
   args.reserve(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    const auto& a = in[i];
-    if (a.dtype() != mx::float32) throw std::invalid_argument("row_attention: only float32 is supported");
-    if (i > 0) {
-      if (a.ndim() != 4 || a.shape(0) != q.shape(0) || a.shape(3) != q.shape(3) || a.shape(1) == 0 ||
-          q.shape(1) % a.shape(1) != 0) {
-        throw std::invalid_argument("row_attention: k/v must be [B, Hkv, L, D] with Hkv dividing Hq");
+  size_t next = 1;
+  for (int i = 0; i < n; ++i) {
+    int keys = 0;
+    for (int32_t c = 0; c < segments[i]; ++c, next += 2) {
+      const auto& k = in[next];
+      const auto& v = in[next + 1];
+      for (const auto* a : {&k, &v}) {
+        if (a->dtype() != mx::float32) throw std::invalid_argument("row_attention: only float32 is supported");
+        if (a->ndim() != 4 || a->shape(0) != q.shape(0) || a->shape(3) != q.shape(3) || a->shape(1) == 0 ||
+            q.shape(1) % a->shape(1) != 0 || a->shape(1) != in[next].shape(1)) {
+          throw std::invalid_argument("row_attention: k/v must be [B, Hkv, L, D] with Hkv dividing Hq");
+        }
       }
-      if (a.shape(2) == 0) throw std::invalid_argument("row_attention: a row has no keys");
-      if (i % 2 == 0 && a.shape(2) != in[i - 1].shape(2)) {
-        throw std::invalid_argument("row_attention: k and v of a row differ in length");
+      if (k.shape(2) != v.shape(2)) throw std::invalid_argument("row_attention: k and v of a row differ in length");
+      if (c > 0 && k.shape(1) != in[next - 2].shape(1)) {
+        throw std::invalid_argument("row_attention: a row's segments differ in heads");
       }
+      keys += k.shape(2);
+      args.push_back(k);
+      args.push_back(v);
     }
-    args.push_back(i > 0 ? a : mx::contiguous(a, false, s));
+    if (keys == 0) throw std::invalid_argument("row_attention: a row has no keys");
   }
-  auto outs = mx::array::make_arrays({q.shape()}, {mx::float32}, std::make_shared<RowAttention>(s, scale), args);
+  args.insert(args.begin(), mx::contiguous(q, false, s));
+  std::vector<int> segs(segments.begin(), segments.end());
+  auto outs = mx::array::make_arrays({q.shape()}, {mx::float32},
+                                     std::make_shared<RowAttention>(s, scale, std::move(segs)), args);
   return std::make_unique<Array>(outs[0]);
 }
 

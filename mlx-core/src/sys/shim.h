@@ -97,9 +97,10 @@ rust::String row_linear_isa();
 // Whether the AVX-512 and AVX2 forms give the same bits on random [M, K] x [N, K] (true when
 // only one form runs here).
 bool row_linear_paths_agree(int M, int K, int N);
-// Single-query attention of each row of q [B, Hq, n, D] over its own k_i, v_i [B, Hkv, L_i, D]
-// (inputs: q, k_0, v_0, k_1, v_1, …), with every row's bits independent of n (row_attention.cc).
-ArrayPtr row_attention(const ArrayList& inputs, float scale);
+// Single-query attention of each row of q [B, Hq, n, D] over its own keys and values, given as
+// segments[i] pairs k, v [B, Hkv, L, D] taken in order (inputs: q, then row 0's pairs, row 1's,
+// …), with every row's bits independent of n and of how its keys are cut (row_attention.cc).
+ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segments, float scale);
 // The filtered, tempered distribution of each row of f32 logits [R, V] (mlx-lm's order: top-p,
 // min-p, top-k on the logprobs, then 1/T), one node (row_sample.cc). min_p 0 and top_k 0 are off.
 ArrayPtr row_probs(const Array& logits, float inv_t, double top_p, double min_p, int32_t min_keep, int32_t top_k);

@@ -147,6 +147,7 @@ impl DeepSpecDrafter {
         let (h, v) = (self.model.cfg.hidden_size as i32, self.model.cfg.vocab_size as i32);
         let n = max_drafts.min(self.model.cfg.block_size);
         let mut sampling = sampling;
+        let uniforms = sampling.uniforms(n)?; // [n] under sampling
         let mut prev = anchor.reshape(&[1])?.astype(Dtype::U32)?; // [1]
         let (mut tokens, mut logits, mut qs, mut conf) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
@@ -158,7 +159,11 @@ impl DeepSpecDrafter {
                 _ => base_k,
             };
             let step32 = step.astype(Dtype::F32)?;
-            let tok = match sampling.draw(&step32)? {
+            let drawn = match &uniforms {
+                Some(u) => sampling.draw_with(&step32, &u.slice_axis(0, k, k + 1)?)?,
+                None => None,
+            };
+            let tok = match drawn {
                 Some((t, q)) => {
                     qs.push(q);
                     t

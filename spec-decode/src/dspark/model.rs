@@ -21,7 +21,7 @@ use gemma4::weights::{LinearWeights, WeightMap};
 use gemma4::{TapSet, TextConfig};
 use mlx_core::quant::Quantized;
 use mlx_core::random::{self, KeyChain};
-use mlx_core::{concatenate, fast, gelu_approx, Array, Dtype};
+use mlx_core::{concatenate, fast, Array, Dtype};
 
 use super::config::{
     check_target, param_kind, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, ParamKind, FORMAT_VERSION,
@@ -432,7 +432,7 @@ impl DSparkDrafter {
             let a = l.o.matmul_t(&a.transpose(&[0, 2, 1, 3])?.reshape(&[1, g, -1])?)?;
             h = h.add(&a)?;
             let f = self.rms(&h, &l.ff_norm)?;
-            let ff = l.down.matmul_t(&gelu_approx(&l.gate.matmul_t(&f)?)?.multiply(&l.up.matmul_t(&f)?)?)?;
+            let ff = l.down.matmul_t(&gemma4::gelu(&l.gate.matmul_t(&f)?)?.multiply(&l.up.matmul_t(&f)?)?)?;
             h = h.add(&ff)?;
         }
         self.rms(&h, &self.w.out_norm)
@@ -520,12 +520,17 @@ impl Drafter for DSparkDrafter {
         let block = block.squeeze(0)?; // [n, D]
         let mut prev = req.anchor.reshape(&[1])?;
         let mut sampling = req.sampling;
+        let uniforms = sampling.uniforms(n)?; // [n] under sampling
         let (mut tokens, mut logits, mut qs, mut conf) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for k in 0..n as i32 {
             let e1 = w1.gather(&prev)?.astype(Dtype::F32)?; // [1, r]
             let lk = u.slice_axis(0, k, k + 1)?.add(&w2.matmul_t(&e1)?.astype(Dtype::F32)?)?; // [1, V] f32
-            let tok = match sampling.draw(&lk)? {
+            let drawn = match &uniforms {
+                Some(u) => sampling.draw_with(&lk, &u.slice_axis(0, k, k + 1)?)?,
+                None => None,
+            };
+            let tok = match drawn {
                 Some((t, q)) => {
                     qs.push(q);
                     t
