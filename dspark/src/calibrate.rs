@@ -329,6 +329,7 @@ pub fn run(a: Args) -> Result<()> {
         let after = report(&sts, &held_out, gamma);
         let fit = StsFit {
             temperatures: sts.temperatures.clone(),
+            shifts: sts.shifts.clone(),
             sampling_temperature: temperature as f32,
             rounds: fit_rounds.len(),
             ece_before: before.iter().map(|r| r.ece as f32).collect(),

@@ -43,7 +43,7 @@ pub fn choose(
     }
     let mode = if greedy { "greedy" } else { "sampled" };
     let key = profile_key(device, model);
-    let temperatures = drafter.sts_temperatures(greedy);
+    let temperatures = drafter.sts(greedy);
     let profile = load(model_dir, &key)?;
     match (temperatures, profile) {
         (Some(t), Some(p)) => {

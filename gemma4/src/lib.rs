@@ -43,8 +43,8 @@ pub mod weights;
 pub use cache::{Cache, CacheError, LayerCache};
 pub use compute::ComputeDtype;
 pub use config::{LayerKind, TextConfig};
-pub use mlp::gelu;
 pub use error::{Error, Result};
+pub use mlp::gelu;
 pub use model::{ForwardOutput, Model};
 #[cfg(feature = "testing")]
 pub use moe::sorted_expert_calls;

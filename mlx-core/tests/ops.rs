@@ -556,7 +556,7 @@ fn row_attention_rows_are_batch_invariant_and_correct() {
         .map(|r| {
             let ks: Vec<&Array> = r.iter().map(|(k, _)| k).collect();
             let vs: Vec<&Array> = r.iter().map(|(_, v)| v).collect();
-            (mlx_core::concatenate(&ks, 2).unwrap(), mlx_core::concatenate(&vs, 2).unwrap())
+            (concatenate(&ks, 2).unwrap(), concatenate(&vs, 2).unwrap())
         })
         .collect();
     let from_pieces = mlx_core::blas::row_attention_pieces(&q, &pieces, 0.3).unwrap();

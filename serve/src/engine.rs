@@ -276,7 +276,7 @@ fn plans(cfg: &EngineConfig, model: &Model, drafter: Option<&dyn Drafter>, devic
     let profile = spec_decode::profile::load(&cfg.model_dir, &key)
         .map_err(|e| Error::Load { path: cfg.model_dir.clone(), detail: e.to_string() })?;
     for (slot, greedy) in plans.iter_mut().zip([true, false]) {
-        if let (Some(t), Some(p)) = (d.sts_temperatures(greedy), &profile) {
+        if let (Some(t), Some(p)) = (d.sts(greedy), &profile) {
             *slot = Some(spec_decode::ThroughputPlan::new(t, p.round_cost(greedy)));
         }
         let mode = if greedy { "greedy" } else { "sampled" };

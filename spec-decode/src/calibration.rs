@@ -55,6 +55,12 @@ pub fn check(c: &Calibration, gamma: usize) -> std::result::Result<(), String> {
         if let Some(t) = fit.temperatures.iter().find(|t| !(t.is_finite() && **t > 0.0)) {
             return Err(format!("sts.{name}.temperatures holds {t}: expected positive temperatures"));
         }
+        if !fit.shifts.is_empty() && fit.shifts.len() != gamma {
+            return Err(format!("sts.{name}.shifts has {} entries, expected gamma = {gamma}", fit.shifts.len()));
+        }
+        if let Some(b) = fit.shifts.iter().find(|b| !b.is_finite()) {
+            return Err(format!("sts.{name}.shifts holds {b}: expected finite shifts"));
+        }
     }
     Ok(())
 }

@@ -128,9 +128,9 @@ pub trait Drafter {
     fn thresholds(&self) -> Option<Vec<f32>> {
         None
     }
-    /// The checkpoint's STS temperatures for greedy or sampled decoding, if it was calibrated
-    /// for that mode (what [`crate::Pruning::Throughput`] turns confidences into survivals with).
-    fn sts_temperatures(&self, greedy: bool) -> Option<Vec<f32>> {
+    /// The checkpoint's STS fit for greedy or sampled decoding, if it was calibrated for that
+    /// mode (what [`crate::Pruning::Throughput`] turns confidences into survivals with).
+    fn sts(&self, greedy: bool) -> Option<crate::sts::Sts> {
         let _ = greedy;
         None
     }

@@ -26,12 +26,12 @@ pub enum Pruning {
     Throughput(ThroughputPlan),
 }
 
-/// What the throughput schedule needs: the drafter's STS temperatures and the target's
-/// profiled verify costs on this device.
+/// What the throughput schedule needs: the drafter's STS fit and the target's profiled verify
+/// costs on this device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ThroughputPlan {
-    /// Per-position temperatures of the confidence logit (from calibration).
-    pub temperatures: Vec<f32>,
+    /// Per-position scaling of the confidence logit (from calibration).
+    pub sts: crate::sts::Sts,
     /// Cost of a round verifying n = 1, 2, … tokens, in decode steps: v(n) = T_verify(n) /
     /// T_decode(1), plus the proposal's cost when profiled (see `profile::VerifyProfile`).
     pub cost: Vec<f32>,
@@ -43,8 +43,8 @@ pub struct ThroughputPlan {
 }
 
 impl ThroughputPlan {
-    pub fn new(temperatures: Vec<f32>, cost: Vec<f32>) -> ThroughputPlan {
-        ThroughputPlan { temperatures, cost, draft_cap: true, look_ahead: false }
+    pub fn new(sts: crate::sts::Sts, cost: Vec<f32>) -> ThroughputPlan {
+        ThroughputPlan { sts, cost, draft_cap: true, look_ahead: false }
     }
 
     /// The same plan proposing the whole block every round.
@@ -66,8 +66,7 @@ impl ThroughputPlan {
 
     /// Drafts to verify for a block with these confidences (0 = a plain decode step).
     pub fn window(&self, conf: &[f32]) -> usize {
-        let sts = crate::sts::Sts { temperatures: self.temperatures.clone() };
-        let survival = sts.survivals_of_confidences(conf);
+        let survival = self.sts.survivals_of_confidences(conf);
         if self.look_ahead {
             crate::throughput::look_ahead_window(&survival, &self.cost)
         } else {
@@ -114,9 +113,7 @@ impl Pruning {
             if let Some(v) = plan.cost.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
                 return Err(bad(format!("verify cost {v} in the profile: expected positive costs")));
             }
-            if let Some(t) = plan.temperatures.iter().find(|t| !(t.is_finite() && **t > 0.0)) {
-                return Err(bad(format!("STS temperature {t}: expected positive temperatures")));
-            }
+            plan.sts.check().map_err(bad)?;
             return Ok(Some(Cut::Throughput(plan.clone())));
         }
         Ok(self.thresholds(calibrated, gamma)?.map(Cut::Thresholds))
@@ -203,10 +200,11 @@ mod tests {
 
     #[test]
     fn throughput_plans_are_checked_and_may_verify_nothing() {
-        let plan = |cost: Vec<f32>| Pruning::Throughput(ThroughputPlan::new(vec![1.0; 3], cost));
+        let plan = |cost: Vec<f32>| Pruning::Throughput(ThroughputPlan::new(crate::sts::Sts::identity(3), cost));
         assert!(plan(vec![1.0]).resolve(None, 3).unwrap_err().to_string().contains("v(2)"));
         assert!(plan(vec![1.0, f32::NAN]).resolve(None, 3).is_err());
-        let bad_t = Pruning::Throughput(ThroughputPlan::new(vec![0.0], vec![1.0, 1.1]));
+        let bad_t =
+            Pruning::Throughput(ThroughputPlan::new(crate::sts::Sts::with_temperatures(vec![0.0]), vec![1.0, 1.1]));
         assert!(bad_t.resolve(None, 3).unwrap_err().to_string().contains("temperature"));
         let Some(cut) = plan(vec![1.0, 1.5, 1.6]).resolve(None, 3).unwrap() else { panic!("no cut") };
         // σ(z) confidences: 0.4 alone does not pay for v(2) = 1.5; 0.8 does.

@@ -1,9 +1,16 @@
 //! Sequential temperature scaling (STS) of the confidence head: for block positions k = 1..γ,
-//! left to right, a temperature T_k on the confidence logit, c_k = σ(z_k / T_k), chosen by a
-//! one-dimensional grid search that minimises the expected calibration error (20 bins) of the
-//! cumulative survival ∏_{i≤k} c_i against "the first k drafts were all accepted", with the
-//! earlier positions' temperatures held fixed. A positive temperature never reorders the
-//! scores of a position, and T = 1 everywhere (before fitting) is the identity.
+//! left to right, a temperature T_k on the confidence logit, c_k = σ(z_k / T_k + b_k), chosen by
+//! a grid search that minimises the expected calibration error (20 bins) of the cumulative
+//! survival ∏_{i≤k} c_i against "the first k drafts were all accepted", with the earlier
+//! positions held fixed. A positive temperature never reorders the scores of a position, and
+//! T = 1, b = 0 everywhere (before fitting) is the identity.
+//!
+//! The shift b_k extends the paper's STS (temperature only, b = 0). A temperature can only pull
+//! confidences towards or away from 1/2; when the head's logits are centred for another event
+//! (the DSpark head learns the sampling acceptance 1 − TV(q, p), while a greedy draft is
+//! accepted when the argmaxes agree), no temperature brings the mean survival to the observed
+//! rate, and greedy ECE stayed at 6–20%. The shift grid contains 0 and ties keep the smallest
+//! |b|, so where a temperature suffices the fit is the paper's.
 
 use crate::calibration::ConfSample;
 use crate::reliability::ece;
@@ -20,10 +27,12 @@ pub struct RoundSample {
     pub accepted: usize,
 }
 
-/// Per-position temperatures (index k = block position, 0-based).
+/// Per-position temperatures and shifts (index k = block position, 0-based).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sts {
     pub temperatures: Vec<f32>,
+    /// Added to the scaled logit; positions past its end (or an empty list) use 0.
+    pub shifts: Vec<f32>,
 }
 
 fn sigmoid(x: f64) -> f64 {
@@ -39,13 +48,31 @@ pub fn confidence_logit(c: f32) -> f32 {
 impl Sts {
     /// The identity: T = 1 at every one of `gamma` positions.
     pub fn identity(gamma: usize) -> Sts {
-        Sts { temperatures: vec![1.0; gamma] }
+        Sts { temperatures: vec![1.0; gamma], shifts: vec![0.0; gamma] }
     }
 
-    /// Calibrated confidence of one position (positions past the fitted ones use T = 1).
+    /// Temperatures only (the paper's STS; b = 0).
+    pub fn with_temperatures(temperatures: Vec<f32>) -> Sts {
+        Sts { temperatures, shifts: Vec::new() }
+    }
+
+    /// Calibrated confidence of one position (positions past the fitted ones use T = 1, b = 0).
     pub fn confidence(&self, k: usize, logit: f32) -> f32 {
         let t = self.temperatures.get(k).copied().unwrap_or(1.0) as f64;
-        sigmoid(logit as f64 / t) as f32
+        let b = self.shifts.get(k).copied().unwrap_or(0.0) as f64;
+        sigmoid(logit as f64 / t + b) as f32
+    }
+
+    /// Checks that every temperature is positive and finite and every shift finite; the
+    /// message names the offending value.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(t) = self.temperatures.iter().find(|t| !(t.is_finite() && **t > 0.0)) {
+            return Err(format!("STS temperature {t}: expected positive temperatures"));
+        }
+        if let Some(b) = self.shifts.iter().find(|b| !b.is_finite()) {
+            return Err(format!("STS shift {b}: expected finite shifts"));
+        }
+        Ok(())
     }
 
     /// Cumulative survivals of a block from the drafter's raw confidences c = σ(z) (the loop
@@ -74,15 +101,19 @@ impl Sts {
         rounds.iter().filter(|r| r.logits.len() > k).map(|r| (self.survivals(&r.logits)[k], r.accepted > k)).unzip()
     }
 
-    /// Fits γ temperatures left to right; positions with fewer than `min_samples` rounds keep
-    /// T = 1. The grid is log-spaced over [0.05, 20] and contains 1 (ties keep the temperature
-    /// nearest 1).
+    /// Fits γ temperatures and shifts left to right; positions with fewer than `min_samples`
+    /// rounds keep T = 1, b = 0. The temperature grid is log-spaced over [0.05, 20] and contains
+    /// 1; shifts run over [−4, 4] in steps of 0.05. Ties keep the temperature nearest 1, then
+    /// the smallest shift.
     pub fn fit(samples: &[RoundSample], gamma: usize, min_samples: usize) -> Sts {
         let grid: Vec<f64> = {
             let mut g: Vec<f64> = (0..=120).map(|i| 0.05f64 * (400f64).powf(i as f64 / 120.0)).collect();
             g.push(1.0);
             g
         };
+        // By |b| first, so a tie keeps the smaller shift.
+        let mut shifts: Vec<f64> = (-80..=80).map(|i| i as f64 * 0.05).collect();
+        shifts.sort_by(|a, b| a.abs().total_cmp(&b.abs()));
         let mut sts = Sts::identity(gamma);
         // Running survival of positions before k, per round.
         let mut prefix: Vec<f64> = vec![1.0; samples.len()];
@@ -90,17 +121,22 @@ impl Sts {
             let rows: Vec<usize> = (0..samples.len()).filter(|&r| samples[r].logits.len() > k).collect();
             if rows.len() >= min_samples.max(1) {
                 let labels: Vec<bool> = rows.iter().map(|&r| samples[r].accepted > k).collect();
-                let mut best = (f64::INFINITY, 1.0f64);
+                let mut best = (f64::INFINITY, 1.0f64, 0.0f64);
+                let mut p = vec![0f32; rows.len()];
                 for &t in &grid {
-                    let p: Vec<f32> =
-                        rows.iter().map(|&r| (prefix[r] * sigmoid(samples[r].logits[k] as f64 / t)) as f32).collect();
-                    let e = ece(&p, &labels, ECE_BINS);
-                    let better = e < best.0 - 1e-12 || (e <= best.0 + 1e-12 && (t.ln().abs() < best.1.ln().abs()));
-                    if better {
-                        best = (e, t);
+                    for &b in &shifts {
+                        for (slot, &r) in p.iter_mut().zip(&rows) {
+                            *slot = (prefix[r] * sigmoid(samples[r].logits[k] as f64 / t + b)) as f32;
+                        }
+                        let e = ece(&p, &labels, ECE_BINS);
+                        let nearer = (t.ln().abs(), b.abs()) < (best.1.ln().abs(), best.2.abs());
+                        if e < best.0 - 1e-12 || (e <= best.0 + 1e-12 && nearer) {
+                            best = (e, t, b);
+                        }
                     }
                 }
                 sts.temperatures[k] = best.1 as f32;
+                sts.shifts[k] = best.2 as f32;
             }
             for &r in &rows {
                 prefix[r] *= sts.confidence(k, samples[r].logits[k]) as f64;
@@ -182,10 +218,38 @@ mod tests {
     }
 
     #[test]
+    fn a_shift_centres_logits_made_for_another_event() {
+        // Acceptance follows σ(z / 2 − 1.5): the raw logits are too confident and off-centre.
+        let mut state = 777u64;
+        let mut uniform = move || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 11) as f64) / ((1u64 << 53) as f64)
+        };
+        let data: Vec<RoundSample> = (0..6000)
+            .map(|_| {
+                let z = (uniform() * 12.0 - 6.0) as f32;
+                RoundSample { logits: vec![z], accepted: usize::from(uniform() < sigmoid(z as f64 / 2.0 - 1.5)) }
+            })
+            .collect();
+        let fitted = Sts::fit(&data, 1, 50);
+        assert!((fitted.shifts[0] + 1.5).abs() < 0.5, "shift {} (the law's is −1.5)", fitted.shifts[0]);
+        let (p, y): (Vec<f32>, Vec<bool>) =
+            data.iter().map(|r| (fitted.survivals(&r.logits)[0], r.accepted > 0)).unzip();
+        assert!(ece(&p, &y, ECE_BINS) < 0.02, "ECE after {}", ece(&p, &y, ECE_BINS));
+        // Temperatures alone cannot centre it.
+        let temps_only = Sts::with_temperatures(fitted.temperatures.clone());
+        let (p, _): (Vec<f32>, Vec<bool>) = data.iter().map(|r| (temps_only.survivals(&r.logits)[0], true)).unzip();
+        assert!(ece(&p, &y, ECE_BINS) > 0.05);
+        assert!(Sts { temperatures: vec![1.0], shifts: vec![f32::NAN] }.check().is_err());
+        assert!(Sts::with_temperatures(vec![0.0]).check().is_err());
+    }
+
+    #[test]
     fn never_reorders_scores_and_skips_thin_positions() {
         let data = rounds(400, 2);
         let fitted = Sts::fit(&data, 4, 50);
         assert_eq!(&fitted.temperatures[2..], &[1.0, 1.0], "positions without samples stay at 1");
+        assert_eq!(&fitted.shifts[2..], &[0.0, 0.0], "and unshifted");
         assert!(fitted.temperatures.iter().all(|&t| t > 0.0));
         for k in 0..2 {
             let mut z: Vec<f32> = data.iter().map(|r| r.logits[k]).collect();

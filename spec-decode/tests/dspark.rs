@@ -273,7 +273,7 @@ fn descriptor_records_the_target_depth_and_is_checked() {
     let dir = edited_dir("cal-v1", &|v| v["config"]["sts"] = v1.clone());
     let d1 = load_drafter(&dir, m.config()).unwrap();
     assert_eq!(d1.thresholds(), Some(vec![0.0, 0.5, 0.5, 0.5]));
-    assert_eq!(d1.sts_temperatures(true), None, "a version-1 calibration has no temperatures");
+    assert_eq!(d1.sts(true), None, "a version-1 calibration has no temperatures");
     let fit = serde_json::json!({"temperatures": [1.5, 2.0, 2.5, 3.0], "samplingTemperature": 0.0, "rounds": 40,
                                  "eceBefore": [0.1, 0.1, 0.1, 0.1], "eceAfter": [0.01, 0.01, 0.01, 0.01]});
     let mut v2 = v1.clone();
@@ -281,8 +281,8 @@ fn descriptor_records_the_target_depth_and_is_checked() {
     v2["greedy"] = fit.clone();
     let dir = edited_dir("cal-v2", &|v| v["config"]["sts"] = v2.clone());
     let d2 = load_drafter(&dir, m.config()).unwrap();
-    assert_eq!(d2.sts_temperatures(true), Some(vec![1.5, 2.0, 2.5, 3.0]));
-    assert_eq!(d2.sts_temperatures(false), None, "fitted for greedy decoding only");
+    assert_eq!(d2.sts(true).map(|s| s.temperatures), Some(vec![1.5, 2.0, 2.5, 3.0]));
+    assert_eq!(d2.sts(false), None, "fitted for greedy decoding only");
     let e = edited("cal-v9", &|v| {
         v["config"]["sts"] = v2.clone();
         v["config"]["sts"]["version"] = 9.into();
@@ -298,6 +298,18 @@ fn descriptor_records_the_target_depth_and_is_checked() {
         v["config"]["sts"]["greedy"]["temperatures"] = serde_json::json!([1.0, 0.0, 1.0, 1.0]);
     });
     assert!(e.contains("positive temperatures"), "{e}");
+    // Shifts (absent in temperature-only fits) are read and checked.
+    let mut v2s = v2.clone();
+    v2s["greedy"]["shifts"] = serde_json::json!([0.5, 1.0, 1.5, 2.0]);
+    let dir = edited_dir("cal-shifts", &|v| v["config"]["sts"] = v2s.clone());
+    let sts = load_drafter(&dir, m.config()).unwrap().sts(true).unwrap();
+    assert_eq!(sts.shifts, vec![0.5, 1.0, 1.5, 2.0]);
+    assert_eq!(d2.sts(true).unwrap().shifts, Vec::<f32>::new(), "a temperature-only fit has no shifts");
+    let e = edited("cal-shifts-short", &|v| {
+        v["config"]["sts"] = v2s.clone();
+        v["config"]["sts"]["greedy"]["shifts"] = serde_json::json!([0.5]);
+    });
+    assert!(e.contains("config.sts.greedy.shifts has 1 entries"), "{e}");
 }
 
 #[test]
@@ -370,7 +382,7 @@ fn the_throughput_schedule_is_lossless_and_may_skip_drafting() {
     // First confidence 0.4 or 0.8 per round; the second 0.99 or 0.01 by the parity of draft 1.
     let inner = DSparkDrafter::init(cfg(3, vec![1, 6]), m.config(), "tiny", 3, false).unwrap();
     let mut d = ScriptedConfidence::new(inner, vec![0.4, 0.8], Box::new(|t| if t % 2 == 0 { 0.99 } else { 0.01 }), 7);
-    let plan = ThroughputPlan::new(vec![1.0; 3], vec![1.0, 1.5, 1.6, 1.7]);
+    let plan = ThroughputPlan::new(spec_decode::sts::Sts::identity(3), vec![1.0, 1.5, 1.6, 1.7]);
     let sc = SpecConfig { generate: gen.clone(), gamma: Some(3), pruning: Pruning::Throughput(plan.clone()) };
     let out = speculative_generate(m, &mut d, &p, &sc, |_| {}).unwrap();
     assert_eq!(out.tokens, plain, "greedy output under the throughput schedule");

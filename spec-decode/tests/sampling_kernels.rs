@@ -5,7 +5,9 @@
 use gemma4::sampling::SamplerConfig;
 use mlx_core::random::{self, KeyChain};
 use mlx_core::{Array, Dtype};
-use spec_decode::probs::{composed_probabilities, composed_sample_rows, draw_residual_rows, probabilities, sample_rows};
+use spec_decode::probs::{
+    composed_probabilities, composed_sample_rows, draw_residual_rows, probabilities, sample_rows,
+};
 use spec_decode::verify::residual_weights;
 
 fn kernels_on() {

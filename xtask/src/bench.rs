@@ -677,7 +677,7 @@ pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
         [("greedy", SamplerConfig::greedy()), ("T=1", SamplerConfig { temperature: 1.0, ..Default::default() })]
     {
         let temps = drafter
-            .sts_temperatures(sampler.is_greedy())
+            .sts(sampler.is_greedy())
             .with_context(|| format!("the default drafter has no {mode} calibration (dspark calibrate)"))?;
         let mut settings: Vec<(String, Option<usize>, Pruning)> =
             (1..=gamma).map(|g| (format!("static γ {g}"), Some(g), Pruning::Off)).collect();

@@ -586,7 +586,7 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     // The throughput schedule runs on a scripted-confidence drafter (see `scheduled_drafter`):
     // with its early stop it must pass; picking the window after seeing every confidence must
     // be caught.
-    let plan = spec_decode::ThroughputPlan::new(vec![1.0; 3], SCHEDULE_COST.to_vec());
+    let plan = spec_decode::ThroughputPlan::new(spec_decode::sts::Sts::identity(3), SCHEDULE_COST.to_vec());
     let conditions = [
         // T ≠ 1 without filters: the rows skip the logsumexp (spec_decode::probs).
         (0.8f64, false, Pruning::MinConf(median), VerifyRule::Exact),

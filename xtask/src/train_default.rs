@@ -78,7 +78,7 @@ impl Recipe {
             drafter_steps: 3000,
             drafter_batch: 16,
             drafter_lr: 3e-3,
-            calibration_prompts: 40,
+            calibration_prompts: 70,
         };
         if quick {
             Recipe {

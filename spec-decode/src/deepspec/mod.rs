@@ -242,8 +242,8 @@ impl Drafter for DeepSpecDrafter {
         (t > 0.0 && self.model.confidence.is_some()).then(|| (0..g).map(|k| if k == 0 { 0.0 } else { t }).collect())
     }
 
-    fn sts_temperatures(&self, greedy: bool) -> Option<Vec<f32>> {
-        self.calibration.as_ref().and_then(|c| c.sts_for(greedy)).map(|f| f.temperatures.clone())
+    fn sts(&self, greedy: bool) -> Option<crate::sts::Sts> {
+        self.calibration.as_ref().and_then(|c| c.sts_for(greedy)).map(crate::dspark::StsFit::sts)
     }
 
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {

@@ -54,6 +54,13 @@ pub struct Calibration {
     pub sampled: Option<StsFit>,
 }
 
+impl StsFit {
+    /// The fitted scaling.
+    pub fn sts(&self) -> crate::sts::Sts {
+        crate::sts::Sts { temperatures: self.temperatures.clone(), shifts: self.shifts.clone() }
+    }
+}
+
 impl Calibration {
     /// A version-1 block: thresholds only.
     pub fn thresholds_only(thresholds: Vec<f32>, target: f32, samples: usize) -> Calibration {
@@ -76,6 +83,9 @@ impl Calibration {
 pub struct StsFit {
     /// Temperature of the confidence logit per block position.
     pub temperatures: Vec<f32>,
+    /// Shift added to the scaled logit per block position (absent: 0, the paper's STS).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shifts: Vec<f32>,
     /// Sampling temperature of the runs it was fitted on (0 = greedy).
     pub sampling_temperature: f32,
     /// Verify rounds fitted on.

@@ -476,8 +476,8 @@ impl Drafter for DSparkDrafter {
         self.cfg.sts.as_ref().map(|s| s.thresholds.clone())
     }
 
-    fn sts_temperatures(&self, greedy: bool) -> Option<Vec<f32>> {
-        self.cfg.sts.as_ref().and_then(|s| s.sts_for(greedy)).map(|f| f.temperatures.clone())
+    fn sts(&self, greedy: bool) -> Option<crate::sts::Sts> {
+        self.cfg.sts.as_ref().and_then(|s| s.sts_for(greedy)).map(super::config::StsFit::sts)
     }
 
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {
