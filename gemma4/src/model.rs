@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use mlx_core::{concatenate, fast, Array};
+use mlx_core::{concatenate, fast, Array, Dtype};
 
 use crate::attention::{Attend, SharedKv};
 use crate::cache::Cache;
@@ -119,7 +119,7 @@ impl Model {
     }
 
     /// The activation dtype (that of the embedding table or its scales).
-    pub fn dtype(&self) -> mlx_core::Dtype {
+    pub fn dtype(&self) -> Dtype {
         self.norm.dtype()
     }
 
@@ -170,6 +170,11 @@ impl Model {
             None => self.embed_tokens.as_linear(hidden)?,
         };
         Ok(match self.cfg.final_logit_softcapping {
+            // One vectorized pass on the CPU in f32 (decode steps and verify rows both take it,
+            // so they agree); MLX's composed form otherwise, as mlx-lm computes it.
+            Some(c) if logits.dtype() == Dtype::F32 && mlx_core::blas::row_kernels_active()? => {
+                mlx_core::blas::row_softcap(&logits, c as f32)?
+            }
             Some(c) => logits.div_scalar(c as f64)?.tanh()?.mul_scalar(c as f64)?,
             None => logits,
         })

@@ -122,6 +122,15 @@ pub fn row_gelu(x: &Array) -> Result<Array> {
     Array::wrap("row_gelu", crate::sys::ffi::row_gelu(x.raw()))
 }
 
+/// The final-logit softcap `cap · tanh(x / cap)` of f32 `x` on the CPU in one vectorized pass,
+/// with [`row_gelu`]'s tanh (within a few ulp of MLX's, which takes a tanh per element one at a
+/// time: ~1 ms for a verify window's rows over a 4096-token vocabulary). Elementwise, so a
+/// row's bits do not depend on the batch. Used with [`row_linear`] (same switch).
+#[track_caller]
+pub fn row_softcap(x: &Array, cap: f32) -> Result<Array> {
+    Array::wrap("row_softcap", crate::sys::ffi::row_softcap(x.raw(), cap))
+}
+
 /// The instruction set [`row_linear`] runs with on this machine: `"avx512"`, `"avx2"` or
 /// `"generic"` (`MLX_CORE_NO_AVX512` set turns the AVX-512 form off). The AVX-512 and AVX2
 /// forms give the same bits.

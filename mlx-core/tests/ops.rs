@@ -603,3 +603,34 @@ fn row_draw_follows_the_running_sum() {
     let want = [0.0, e / (e + 1.0), 1.0 / (e + 1.0), 0.0];
     assert!(got.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6), "{got:?}");
 }
+
+#[test]
+fn row_softcap_matches_the_composed_softcap() {
+    let x = random::normal(&[3, 1000], Dtype::F32, 0.0, 40.0, &random::key(5).unwrap()).unwrap();
+    let extremes = Array::from_slice(&[0.0f32, -0.0, 1e-30, -1e-30, 1e4, -1e4, 29.9, -300.0, 88.0], &[1, 9]).unwrap();
+    for x in [x, extremes] {
+        let got = f32s(&mlx_core::blas::row_softcap(&x, 30.0).unwrap());
+        let want = f32s(&x.div_scalar(30.0).unwrap().tanh().unwrap().mul_scalar(30.0).unwrap());
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 4e-6 * w.abs().max(1e-3), "{g} vs {w}");
+        }
+    }
+    // Elementwise: a value's bits are the same alone as inside a row.
+    let row = random::normal(&[1, 37], Dtype::F32, 0.0, 40.0, &random::key(6).unwrap()).unwrap();
+    let all = f32s(&mlx_core::blas::row_softcap(&row, 30.0).unwrap());
+    for i in [0, 8, 36] {
+        let one = row.slice_axis(1, i, i + 1).unwrap();
+        assert_eq!(f32s(&mlx_core::blas::row_softcap(&one, 30.0).unwrap())[0].to_bits(), all[i as usize].to_bits());
+    }
+    assert!(mlx_core::blas::row_softcap(&row, 0.0).is_err(), "a cap must be positive");
+    // The gradient is 1 − tanh²(x / cap).
+    let x = Array::from_slice(&[0.0f32, 15.0, -45.0], &[3]).unwrap();
+    let f = |p: &[Array]| -> mlx_core::Result<Vec<Array>> {
+        Ok(vec![mlx_core::blas::row_softcap(&p[0], 30.0)?.sum(&[0], false)?])
+    };
+    let g = mlx_core::value_and_grad(f, &[x.clone()], &[0]).unwrap().1;
+    let want: Vec<f32> = [0.0f32, 15.0, -45.0].iter().map(|v| 1.0 - (v / 30.0).tanh().powi(2)).collect();
+    for (a, b) in f32s(&g[0]).iter().zip(&want) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+}

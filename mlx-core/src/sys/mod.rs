@@ -157,6 +157,7 @@ pub(crate) mod ffi {
         fn row_linear(x: &Array, w: &Array) -> Result<UniquePtr<Array>>;
         fn row_linear_isa() -> String;
         fn row_gelu(x: &Array) -> Result<UniquePtr<Array>>;
+        fn row_softcap(x: &Array, cap: f32) -> Result<UniquePtr<Array>>;
         fn row_linear_paths_agree(m: i32, k: i32, n: i32) -> bool;
         // ---- row-invariant single-query attention (row_attention.cc) ----
         fn row_attention(inputs: &ArrayList, segments: &[i32], scale: f32) -> Result<UniquePtr<Array>>;

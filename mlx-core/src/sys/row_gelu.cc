@@ -1,4 +1,5 @@
-// gelu_approx in f32 on the CPU as one vectorized pass, for the few-row products of decode
+// gelu_approx (and the logit softcap, cap·tanh(x / cap), with the same tanh) in f32 on the CPU
+// as one vectorized pass, for the few-row products of decode
 // steps and verify windows (the same switch as row_linear turns it on).
 //
 // MLX composes gelu_approx from seven graph nodes and evaluates tanh one element at a time
@@ -97,6 +98,119 @@ bool has_avx2_fma() {
 }
 #endif
 
+// cap · tanh(x / cap), the final-logit softcap, with the same tanh as gelu: a row of 262k (or
+// 4096) logits is one vectorized pass instead of a tanh per element one at a time. Below
+// |y| = 0.625, where 1 − 2/(e^{2|y|} + 1) loses relative precision, tanh is Cephes' odd
+// polynomial y + y³·P(y²).
+constexpr float kT[5] = {-5.70498872745e-3f, 2.06390887954e-2f, -5.37397155531e-2f, 1.33314422036e-1f,
+                         -3.33332819422e-1f};
+constexpr float kSmall = 0.625f;
+
+float softcap_one(float x, float cap) {
+  const float y = x / cap;
+  if (std::fabs(y) < kSmall) {
+    const float z = y * y;
+    float q = kT[0];
+    for (int i = 1; i < 5; ++i) q = std::fma(q, z, kT[i]);
+    return std::fma(q * z, y, y) * cap;
+  }
+  const float a = std::min(2.0f * std::fabs(y), kExpMax);
+  const float n = std::nearbyint(a * kLog2e);
+  const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, a));
+  float p = kP[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kP[i]);
+  p = std::fma(p, r * r, r) + 1.0f;
+  int32_t bits;
+  std::memcpy(&bits, &p, 4);
+  bits += static_cast<int32_t>(n) << 23;
+  float e;
+  std::memcpy(&e, &bits, 4);
+  const float t = 1.0f - 2.0f / (e + 1.0f);
+  return std::copysign(t, y) * cap;
+}
+
+#ifdef MLXR_X86
+__attribute__((target("avx2,fma"))) inline __m256 softcap8(__m256 x, __m256 cap) {
+  const __m256 y = _mm256_div_ps(x, cap);
+  const __m256 sign = _mm256_and_ps(y, _mm256_set1_ps(-0.0f));
+  const __m256 a = _mm256_min_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), _mm256_andnot_ps(_mm256_set1_ps(-0.0f), y)),
+                                 _mm256_set1_ps(kExpMax));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
+  const __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(kLn2Lo), _mm256_fmadd_ps(nn, _mm256_set1_ps(kLn2Hi), a));
+  __m256 p = _mm256_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP[i]));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i shifted = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+  const __m256 e = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), shifted));
+  const __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                                 _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+  const __m256 z = _mm256_mul_ps(y, y);
+  __m256 q = _mm256_set1_ps(kT[0]);
+  for (int i = 1; i < 5; ++i) q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(kT[i]));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(q, z), y, y);
+  const __m256 is_small = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), y), _mm256_set1_ps(kSmall), _CMP_LT_OQ);
+  return _mm256_mul_ps(_mm256_blendv_ps(_mm256_or_ps(t, sign), small, is_small), cap);
+}
+
+__attribute__((target("avx2,fma"))) void softcap_avx2(const float* x, float* y, size_t n, float c) {
+  const __m256 cap = _mm256_set1_ps(c);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, softcap8(_mm256_loadu_ps(x + i), cap));
+  if (i < n) {
+    float in[8] = {0}, out[8];
+    std::copy(x + i, x + n, in);
+    _mm256_storeu_ps(out, softcap8(_mm256_loadu_ps(in), cap));
+    std::copy(out, out + (n - i), y + i);
+  }
+}
+#endif
+
+void softcap_kernel(const float* x, float* y, size_t n, float cap) {
+#ifdef MLXR_X86
+  if (has_avx2_fma()) return softcap_avx2(x, y, n, cap);
+#endif
+  for (size_t i = 0; i < n; ++i) y[i] = softcap_one(x[i], cap);
+}
+
+class RowSoftcap : public mx::UnaryPrimitive {
+ public:
+  RowSoftcap(mx::Stream s, float cap) : mx::UnaryPrimitive(s), cap_(cap) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& x = inputs[0];
+    if (!x.flags().row_contiguous) throw std::invalid_argument("RowSoftcap: input must be row-contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(x), out = mx::array::unsafe_weak_copy(out), cap = cap_]() mutable {
+      softcap_kernel(x.data<float>(), out.data<float>(), x.size(), cap);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("RowSoftcap runs on the CPU only");
+  }
+
+  // d/dx cap·tanh(x / cap) = 1 − tanh²(x / cap), through MLX's ops.
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>&, const std::vector<mx::array>&) override {
+    auto s = stream();
+    auto t = mx::tanh(mx::divide(primals[0], mx::array(cap_), s), s);
+    auto d = mx::subtract(mx::array(1.0f), mx::square(t, s), s);
+    return {mx::multiply(cotangents[0], d, s)};
+  }
+
+  DEFINE_NAME(RowSoftcap)
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return cap_ == static_cast<const RowSoftcap&>(other).cap_;
+  }
+
+ private:
+  float cap_;
+};
+
 void gelu_kernel(const float* x, float* y, size_t n) {
 #ifdef MLXR_X86
   if (has_avx2_fma()) return gelu_avx2(x, y, n);
@@ -144,6 +258,15 @@ class RowGelu : public mx::UnaryPrimitive {
 };
 
 }  // namespace
+
+ArrayPtr row_softcap(const Array& x, float cap) {
+  const auto& xi = x.inner;
+  if (xi.dtype() != mx::float32) throw std::invalid_argument("row_softcap: only float32 is supported");
+  if (!(cap > 0.0f) || !std::isfinite(cap)) throw std::invalid_argument("row_softcap: the cap must be positive");
+  auto s = mx::default_stream(mx::Device(mx::Device::cpu));
+  auto xc = mx::contiguous(xi, false, s);
+  return std::make_unique<Array>(mx::array(xi.shape(), mx::float32, std::make_shared<RowSoftcap>(s, cap), {xc}));
+}
 
 ArrayPtr row_gelu(const Array& x) {
   const auto& xi = x.inner;

@@ -92,6 +92,8 @@ ArrayPtr row_linear(const Array& x, const Array& w);
 // gelu_approx of f32 x on the CPU in one vectorized pass, each element's bits a function of its
 // value alone (row_gelu.cc).
 ArrayPtr row_gelu(const Array& x);
+// cap · tanh(x / cap) of f32 x on the CPU in one vectorized pass, elementwise (row_gelu.cc).
+ArrayPtr row_softcap(const Array& x, float cap);
 // The instruction set row_linear runs with here ("avx512", "avx2" or "generic").
 rust::String row_linear_isa();
 // Whether the AVX-512 and AVX2 forms give the same bits on random [M, K] x [N, K] (true when
