@@ -32,9 +32,9 @@ use crate::drafter::{DraftRequest, Drafter, Proposal};
 use crate::error::{Error, Result};
 
 /// The matmul weights of one backbone layer. Dense matrices are stored `[in, out]` and used as
-/// `x @ W`; they are held as `LinearWeights::Dense(Wᵀ)` (a transposed view) so the dense and
-/// quantized cases share gemma4's `x @ Wᵀ` product (transposing the view back gives MLX the
-/// original layout, so the bits are those of `x @ W`).
+/// `x @ W`; they are held as `LinearWeights::Dense(Wᵀ)`, materialised `[out, in]`, so the dense
+/// and quantized cases share gemma4's `x @ Wᵀ` product and the CPU's row kernel reads the
+/// weight rows in place.
 pub(super) struct Layer {
     pub(super) attn_norm: Array,
     pub(super) q: LinearWeights,
@@ -104,7 +104,9 @@ impl Weights {
                 Some(q) => LinearWeights::Quantized(q.clone()),
                 // The gather table keeps its stored orientation; matmul weights are `[in, out]`.
                 None if n == "markov.w1" => LinearWeights::Dense(dense(n)?),
-                None => LinearWeights::Dense(dense(n)?.transpose(&[1, 0])?),
+                // Materialised as [out, in] once: the CPU's row kernel reads weight rows in
+                // place, and a transposed view would be copied on every product.
+                None => LinearWeights::Dense(dense(n)?.transpose(&[1, 0])?.contiguous()?),
             })
         };
         let layers = (0..cfg.n_layers)
