@@ -628,7 +628,7 @@ fn row_softcap_matches_the_composed_softcap() {
     let f = |p: &[Array]| -> mlx_core::Result<Vec<Array>> {
         Ok(vec![mlx_core::blas::row_softcap(&p[0], 30.0)?.sum(&[0], false)?])
     };
-    let g = mlx_core::value_and_grad(f, &[x.clone()], &[0]).unwrap().1;
+    let g = mlx_core::value_and_grad(f, std::slice::from_ref(&x), &[0]).unwrap().1;
     let want: Vec<f32> = [0.0f32, 15.0, -45.0].iter().map(|v| 1.0 - (v / 30.0).tanh().powi(2)).collect();
     for (a, b) in f32s(&g[0]).iter().zip(&want) {
         assert!((a - b).abs() < 1e-5, "{a} vs {b}");

@@ -685,6 +685,9 @@ pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
         // The schedule proposing the whole block every round, to show what the draft cap saves.
         settings.push(("throughput, whole block".into(), None, Pruning::Throughput(plan.clone().without_draft_cap())));
         settings.push(("throughput".into(), None, Pruning::Throughput(plan)));
+        // Full blocks with the schedule's one host read of the confidences before the verify
+        // (nothing pruned): what that read costs on its own.
+        settings.push((format!("static γ {gamma}, confidences read"), Some(gamma), Pruning::Thresholds(vec![])));
         let mut plain_ms = 0.0;
         let mut ms = vec![0.0f64; settings.len()];
         let mut stats = vec![spec_decode::SpecStats::default(); settings.len()];
@@ -723,13 +726,15 @@ pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
                 st.plain_steps
             );
         }
-        let thr = settings.len() - 1;
+        let (thr, read) = (settings.len() - 2, settings.len() - 1);
         println!(
-            "throughput schedule vs best static ({}): {:.2}×; vs full blocks (γ {gamma}): {:.2}×; vs proposing whole blocks: {:.2}×",
+            "throughput schedule vs best static ({}): {:.2}×; vs full blocks (γ {gamma}): {:.2}×; vs proposing whole blocks: {:.2}×; \
+             full blocks with the confidence read vs without: {:.2}×",
             settings[best_static].0,
             ms[best_static] / ms[thr].max(1e-9),
             ms[gamma - 1] / ms[thr].max(1e-9),
-            ms[thr - 1] / ms[thr].max(1e-9)
+            ms[thr - 1] / ms[thr].max(1e-9),
+            ms[gamma - 1] / ms[read].max(1e-9)
         );
         rows.push(json!({"mode": mode, "plain_tok_per_s": rate(plain_ms),
             "settings": settings.iter().enumerate().map(|(k, s)| json!({"schedule": s.0, "tok_per_s": rate(ms[k]),
