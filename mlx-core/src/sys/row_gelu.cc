@@ -39,9 +39,9 @@ constexpr float kExpMax = 88.3762626647949f;
 constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                          4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 
-// The portable form: the same operations in the same order (FMA where the vector form fuses).
-float gelu_one(float x) {
-  const float y = kSqrt2OverPi * std::fma(kCubic * x * x, x, x);
+// tanh(y) = sign(y)·(1 − 2 / (e^{2|y|} + 1)), the exp by range reduction and a polynomial.
+// The portable form: the same operations in the same order as tanh8 (FMA where it fuses).
+float tanh_one(float y) {
   const float a = std::min(2.0f * std::fabs(y), kExpMax);
   const float n = std::nearbyint(a * kLog2e);
   const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, a));
@@ -53,8 +53,12 @@ float gelu_one(float x) {
   bits += static_cast<int32_t>(n) << 23;
   float e;
   std::memcpy(&e, &bits, 4);
-  const float t = 1.0f - 2.0f / (e + 1.0f);
-  return 0.5f * x * (1.0f + std::copysign(t, y));
+  return std::copysign(1.0f - 2.0f / (e + 1.0f), y);
+}
+
+float gelu_one(float x) {
+  const float y = kSqrt2OverPi * std::fma(kCubic * x * x, x, x);
+  return 0.5f * x * (1.0f + tanh_one(y));
 }
 
 void gelu_generic(const float* x, float* y, size_t n) {
@@ -62,9 +66,8 @@ void gelu_generic(const float* x, float* y, size_t n) {
 }
 
 #ifdef MLXR_X86
-__attribute__((target("avx2,fma"))) inline __m256 gelu8(__m256 x) {
-  const __m256 y = _mm256_mul_ps(_mm256_set1_ps(kSqrt2OverPi),
-                                 _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(kCubic), x), x), x, x));
+// tanh_one on eight lanes.
+__attribute__((target("avx2,fma"))) inline __m256 tanh8(__m256 y) {
   const __m256 sign = _mm256_and_ps(y, _mm256_set1_ps(-0.0f));
   const __m256 a = _mm256_min_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), _mm256_andnot_ps(_mm256_set1_ps(-0.0f), y)),
                                  _mm256_set1_ps(kExpMax));
@@ -78,7 +81,13 @@ __attribute__((target("avx2,fma"))) inline __m256 gelu8(__m256 x) {
   const __m256 e = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), shifted));
   const __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.0f),
                                  _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
-  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), _mm256_or_ps(t, sign)));
+  return _mm256_or_ps(t, sign);
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 gelu8(__m256 x) {
+  const __m256 y = _mm256_mul_ps(_mm256_set1_ps(kSqrt2OverPi),
+                                 _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(kCubic), x), x), x, x));
+  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), tanh8(y)));
 }
 
 __attribute__((target("avx2,fma"))) void gelu_avx2(const float* x, float* y, size_t n) {
@@ -114,43 +123,18 @@ float softcap_one(float x, float cap) {
     for (int i = 1; i < 5; ++i) q = std::fma(q, z, kT[i]);
     return std::fma(q * z, y, y) * cap;
   }
-  const float a = std::min(2.0f * std::fabs(y), kExpMax);
-  const float n = std::nearbyint(a * kLog2e);
-  const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, a));
-  float p = kP[0];
-  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kP[i]);
-  p = std::fma(p, r * r, r) + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &p, 4);
-  bits += static_cast<int32_t>(n) << 23;
-  float e;
-  std::memcpy(&e, &bits, 4);
-  const float t = 1.0f - 2.0f / (e + 1.0f);
-  return std::copysign(t, y) * cap;
+  return tanh_one(y) * cap;
 }
 
 #ifdef MLXR_X86
 __attribute__((target("avx2,fma"))) inline __m256 softcap8(__m256 x, __m256 cap) {
   const __m256 y = _mm256_div_ps(x, cap);
-  const __m256 sign = _mm256_and_ps(y, _mm256_set1_ps(-0.0f));
-  const __m256 a = _mm256_min_ps(_mm256_mul_ps(_mm256_set1_ps(2.0f), _mm256_andnot_ps(_mm256_set1_ps(-0.0f), y)),
-                                 _mm256_set1_ps(kExpMax));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 nn = _mm256_sub_ps(_mm256_setzero_ps(), n);
-  const __m256 r = _mm256_fmadd_ps(nn, _mm256_set1_ps(kLn2Lo), _mm256_fmadd_ps(nn, _mm256_set1_ps(kLn2Hi), a));
-  __m256 p = _mm256_set1_ps(kP[0]);
-  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP[i]));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i shifted = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-  const __m256 e = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), shifted));
-  const __m256 t = _mm256_sub_ps(_mm256_set1_ps(1.0f),
-                                 _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
   const __m256 z = _mm256_mul_ps(y, y);
   __m256 q = _mm256_set1_ps(kT[0]);
   for (int i = 1; i < 5; ++i) q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(kT[i]));
   const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(q, z), y, y);
   const __m256 is_small = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), y), _mm256_set1_ps(kSmall), _CMP_LT_OQ);
-  return _mm256_mul_ps(_mm256_blendv_ps(_mm256_or_ps(t, sign), small, is_small), cap);
+  return _mm256_mul_ps(_mm256_blendv_ps(tanh8(y), small, is_small), cap);
 }
 
 __attribute__((target("avx2,fma"))) void softcap_avx2(const float* x, float* y, size_t n, float c) {
