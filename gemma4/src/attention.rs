@@ -189,5 +189,5 @@ impl Attention {
 /// where the row-invariant linear kernel is on too (`MLX_CORE_ROW_LINEAR=0` turns both off,
 /// which reproduces mlx-lm's kernels).
 fn row_kernel(q: &Array) -> Result<bool> {
-    Ok(q.dtype() == mlx_core::Dtype::F32 && mlx_core::blas::row_kernels_active()?)
+    Ok(mlx_core::blas::row_kernels_for(q)?)
 }

@@ -172,9 +172,7 @@ impl Model {
         Ok(match self.cfg.final_logit_softcapping {
             // One vectorized pass on the CPU in f32 (decode steps and verify rows both take it,
             // so they agree); MLX's composed form otherwise, as mlx-lm computes it.
-            Some(c) if logits.dtype() == Dtype::F32 && mlx_core::blas::row_kernels_active()? => {
-                mlx_core::blas::row_softcap(&logits, c)?
-            }
+            Some(c) if mlx_core::blas::row_kernels_for(&logits)? => mlx_core::blas::row_softcap(&logits, c)?,
             Some(c) => logits.div_scalar(c as f64)?.tanh()?.mul_scalar(c as f64)?,
             None => logits,
         })

@@ -113,6 +113,11 @@ pub fn row_kernels_active() -> Result<bool> {
     Ok(row_linear_enabled() && Device::default_device()? == Device::Cpu)
 }
 
+/// Whether `x` goes to the row kernels: it is f32 and they are active (they take f32 only).
+pub fn row_kernels_for(x: &Array) -> Result<bool> {
+    Ok(x.dtype() == Dtype::F32 && row_kernels_active()?)
+}
+
 /// `gelu_approx` of f32 `x` on the CPU in one vectorized pass (tanh through a polynomial exp,
 /// within a few ulp of MLX's composed form, which evaluates tanh one element at a time). Each
 /// element's bits depend on its value alone, so rows agree in any batch. Used with

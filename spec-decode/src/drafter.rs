@@ -54,6 +54,13 @@ impl DraftSampling<'_> {
         let q = crate::probs::probabilities(logits, cfg)?; // [1, V]
         Ok(Some((crate::probs::sample_rows(&q, u)?, q)))
     }
+
+    /// The draw of block position `k` with its uniform from `block` (what [`Self::uniforms`]
+    /// returned for the block); `None` when greedy.
+    pub fn draw_at(&self, logits: &Array, block: Option<&Array>, k: usize) -> Result<Option<(Array, Array)>> {
+        let Some(u) = block else { return Ok(None) };
+        self.draw_with(logits, &u.slice_axis(0, k as i32, k as i32 + 1)?)
+    }
 }
 
 /// One proposal request.

@@ -16,17 +16,11 @@
 //! distribution gate compare with.
 
 use gemma4::sampling::{filter, logprobs, SamplerConfig};
-use mlx_core::random::{uniform, KeyChain};
 use mlx_core::row_sample::{self, RowFilter};
 use mlx_core::{where_, Array, Dtype};
 
 use crate::accept::RESIDUAL_MASS_EPSILON;
 use crate::error::Result;
-
-/// Whether f32 `rows` go through mlx-core's sampling kernels (CPU, row kernels on).
-fn row_kernel(rows: &Array) -> Result<bool> {
-    Ok(rows.dtype() == Dtype::F32 && mlx_core::blas::row_kernels_active()?)
-}
 
 /// True when the sampler applies no top-p, min-p or top-k filter.
 pub fn filters_nothing(cfg: &SamplerConfig) -> bool {
@@ -45,7 +39,7 @@ pub fn processed_logits(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
 
 /// The distribution a sampler draws from // `[.., V]` f32
 pub fn probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
-    if !row_kernel(logits)? {
+    if !mlx_core::blas::row_kernels_for(logits)? {
         return composed_probabilities(logits, cfg);
     }
     let shape = logits.shape()?;
@@ -75,7 +69,7 @@ pub fn composed_probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Arr
 /// `weights` // `[R, V]` f32, non-negative, not necessarily normalised; `u` // `[R]` in [0, 1)
 /// -> `[R]` u32
 pub fn sample_rows(weights: &Array, u: &Array) -> Result<Array> {
-    if row_kernel(weights)? {
+    if mlx_core::blas::row_kernels_for(weights)? {
         return Ok(row_sample::draw(weights, u)?);
     }
     composed_sample_rows(weights, u)
@@ -96,24 +90,11 @@ pub fn composed_sample_rows(weights: &Array, u: &Array) -> Result<Array> {
     Ok(where_(&found, &first, &last_positive)?)
 }
 
-/// [`sample_rows`] with one fresh uniform per row from the next key of `keys`.
-/// `weights` // `[R, V]` -> `[R]` u32
-pub fn draw_rows(weights: &Array, keys: &mut KeyChain) -> Result<Array> {
-    let u = uniform(0.0, 1.0, &[weights.dim(0)?], Dtype::F32, &keys.next_key()?)?;
-    sample_rows(weights, &u)
-}
-
 /// One draw per row from the residual max(p − q, 0), or from p where that mass is (numerically)
-/// zero (`verify::residual_weights`), with one fresh uniform per row from the next key of `keys`.
-/// `p`, `q` // `[d, V]` f32 -> `[d]` u32
-pub fn draw_residual_rows(p: &Array, q: &Array, keys: &mut KeyChain) -> Result<Array> {
-    let u = uniform(0.0, 1.0, &[p.dim(0)?], Dtype::F32, &keys.next_key()?)?;
-    sample_residual_rows(p, q, &u)
-}
-
-/// [`draw_residual_rows`] with given uniforms `u` // `[d]` f32.
+/// zero (`verify::residual_weights`), with the uniforms `u`.
+/// `p`, `q` // `[d, V]` f32, `u` // `[d]` f32 -> `[d]` u32
 pub fn sample_residual_rows(p: &Array, q: &Array, u: &Array) -> Result<Array> {
-    if row_kernel(p)? && q.dtype() == Dtype::F32 {
+    if mlx_core::blas::row_kernels_for(p)? && q.dtype() == Dtype::F32 {
         return Ok(row_sample::draw_residual(p, q, u, RESIDUAL_MASS_EPSILON as f32)?);
     }
     composed_sample_rows(&crate::verify::residual_weights(p, q)?, u)

@@ -3,10 +3,10 @@
 //! within f32 rounding, and the very same draws.
 
 use gemma4::sampling::SamplerConfig;
-use mlx_core::random::{self, KeyChain};
+use mlx_core::random;
 use mlx_core::{Array, Dtype};
 use spec_decode::probs::{
-    composed_probabilities, composed_sample_rows, draw_residual_rows, probabilities, sample_rows,
+    composed_probabilities, composed_sample_rows, probabilities, sample_residual_rows, sample_rows,
 };
 use spec_decode::verify::residual_weights;
 
@@ -87,9 +87,8 @@ fn draws_equal_the_composed_draws() {
     let q = logits(rows, v, 10).softmax(&[-1], true).unwrap();
     // Row 0 has q = p: an empty residual falls back to p.
     let q = mlx_core::concatenate(&[&p.slice_axis(0, 0, 1).unwrap(), &q.slice_axis(0, 1, rows).unwrap()], 0).unwrap();
-    let (mut k1, mut k2) = (KeyChain::new(3).unwrap(), KeyChain::new(3).unwrap());
-    let got = draw_residual_rows(&p, &q, &mut k1).unwrap().to_vec::<u32>().unwrap();
-    let u = random::uniform(0.0, 1.0, &[rows], Dtype::F32, &k2.next_key().unwrap()).unwrap();
+    let u = random::uniform(0.0, 1.0, &[rows], Dtype::F32, &random::key(3).unwrap()).unwrap();
+    let got = sample_residual_rows(&p, &q, &u).unwrap().to_vec::<u32>().unwrap();
     let want = composed_sample_rows(&residual_weights(&p, &q).unwrap(), &u).unwrap().to_vec::<u32>().unwrap();
     assert_eq!(got, want);
 }

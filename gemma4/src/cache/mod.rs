@@ -29,8 +29,6 @@ pub enum CacheError {
     TrimAfterWrap { requested: usize, offset: usize, window: usize, last_write: usize, rollback_left: usize },
 }
 
-/// Checks that k and v are `[B, H, S, D]` rows to write, with S ≥ 1, the same B, H and S, and
-/// the B, H and D of the buffers already held, so a bad write is refused before anything changes.
 /// One query row's keys and values as views of a cache buffer, attended as their concatenation
 /// along the rows // each (`[B, H, L_s, D]`, same)
 pub type KvPieces = Vec<(Array, Array)>;
@@ -45,6 +43,8 @@ pub fn join_pieces(mut pieces: KvPieces) -> mlx_core::Result<(Array, Array)> {
     Ok((concatenate(&ks, 2)?, concatenate(&vs, 2)?))
 }
 
+/// Checks that k and v are `[B, H, S, D]` rows to write, with S ≥ 1, the same B, H and S, and
+/// the B, H and D of the buffers already held, so a bad write is refused before anything changes.
 fn check_rows(k: &Array, v: &Array, held: Option<(&Array, &Array)>) -> mlx_core::Result<()> {
     let (ks, vs) = (k.shape()?, v.shape()?);
     let bad = |detail: String| Err(mlx_core::Error::Host { op: "cache write", detail });

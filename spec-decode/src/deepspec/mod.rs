@@ -159,11 +159,7 @@ impl DeepSpecDrafter {
                 _ => base_k,
             };
             let step32 = step.astype(Dtype::F32)?;
-            let drawn = match &uniforms {
-                Some(u) => sampling.draw_with(&step32, &u.slice_axis(0, k, k + 1)?)?,
-                None => None,
-            };
-            let tok = match drawn {
+            let tok = match sampling.draw_at(&step32, uniforms.as_ref(), k as usize)? {
                 Some((t, q)) => {
                     qs.push(q);
                     t

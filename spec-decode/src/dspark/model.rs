@@ -446,8 +446,7 @@ impl DSparkDrafter {
 /// same keys: MLX's CPU attention evaluates its softmax one exponential at a time (~12 ns
 /// each), which made a round after 8,192 context rows 1.4× dearer than after 64.
 fn block_attention(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
-    let row_kernel = q.dtype() == Dtype::F32 && mlx_core::blas::row_kernels_active()?;
-    if !row_kernel {
+    if !mlx_core::blas::row_kernels_for(q)? {
         // No mask: the block attends bidirectionally.
         return Ok(fast::scaled_dot_product_attention(q, k, v, scale, fast::Mask::None)?);
     }
@@ -528,11 +527,7 @@ impl Drafter for DSparkDrafter {
         for k in 0..n as i32 {
             let e1 = w1.gather(&prev)?.astype(Dtype::F32)?; // [1, r]
             let lk = u.slice_axis(0, k, k + 1)?.add(&w2.matmul_t(&e1)?.astype(Dtype::F32)?)?; // [1, V] f32
-            let drawn = match &uniforms {
-                Some(u) => sampling.draw_with(&lk, &u.slice_axis(0, k, k + 1)?)?,
-                None => None,
-            };
-            let tok = match drawn {
+            let tok = match sampling.draw_at(&lk, uniforms.as_ref(), k as usize)? {
                 Some((t, q)) => {
                     qs.push(q);
                     t
