@@ -66,6 +66,11 @@ pub struct Args {
     /// Start over in an existing --out.
     #[arg(long)]
     force: bool,
+    /// Train only the paper's confidence head ([h_k; W1[x_{k−1}]], sampled acceptance). By
+    /// default the heads also read the draft law's top-1 log-probability and entropy, and a
+    /// second head learns greedy acceptance for greedy decoding.
+    #[arg(long)]
+    paper_confidence: bool,
 }
 
 fn check_flags(a: &Args) -> Result<()> {
@@ -131,6 +136,8 @@ pub fn run(a: Args) -> Result<()> {
         sts: None,
         // At run time the backbone reads as many context rows as it trained with.
         ctx_window: Some(a.max_ctx),
+        conf_law: !a.paper_confidence,
+        greedy_head: !a.paper_confidence,
     };
     let name = a.model.file_name().and_then(|n| n.to_str()).unwrap_or("target");
     let init = DSparkDrafter::init(cfg, model.config(), name, a.seed, false)?;
@@ -162,13 +169,13 @@ pub fn run(a: Args) -> Result<()> {
     let report = train_drafter(&model, &init, &a.data, &a.out, &tc, a.resume, |p| {
         bar.set_position(p.step);
         bar.set_message(format!(
-            "loss {:.3} (ce {:.3} tv {:.3} bce {:.3}) lr {:.2e} {:.0} anchors/s",
-            p.loss, p.ce, p.tv, p.bce, p.lr, p.anchors_per_s
+            "loss {:.3} (ce {:.3} tv {:.3} bce {:.3} greedy bce {:.3}) lr {:.2e} {:.0} anchors/s",
+            p.loss, p.ce, p.tv, p.bce, p.bce_greedy, p.lr, p.anchors_per_s
         ));
         if let Some(e) = &p.eval {
             let acc: Vec<String> = e.acceptance.iter().map(|x| format!("{x:.2}")).collect();
             let line =
-                format!("step {}: validation τ {:.3}, acceptance by position [{}]", p.step, e.tau, acc.join(" "));
+                format!("step {}: validation τ {:.3} (greedy {:.3}), acceptance by position [{}]", p.step, e.tau, e.greedy_tau, acc.join(" "));
             // A hidden bar (no terminal) drops println: the evaluations still belong in the log.
             if bar.is_hidden() {
                 eprintln!("{line}");

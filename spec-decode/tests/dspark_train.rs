@@ -28,7 +28,17 @@ fn drafter(m: &Model) -> DSparkDrafter {
 }
 
 fn sized_drafter(m: &Model, d_draft: usize) -> DSparkDrafter {
-    let cfg = DSparkConfig {
+    DSparkDrafter::init(small_config(d_draft), m.config(), "tiny", 5, true).unwrap()
+}
+
+/// A drafter whose heads read the draft law and with a greedy head (random heads).
+fn law_drafter(m: &Model) -> DSparkDrafter {
+    let cfg = DSparkConfig { conf_law: true, greedy_head: true, ..small_config(32) };
+    DSparkDrafter::init(cfg, m.config(), "tiny", 5, true).unwrap()
+}
+
+fn small_config(d_draft: usize) -> DSparkConfig {
+    DSparkConfig {
         gamma: 4,
         d_draft,
         n_layers: 2,
@@ -39,8 +49,9 @@ fn sized_drafter(m: &Model, d_draft: usize) -> DSparkDrafter {
         seq_head: None,
         sts: None,
         ctx_window: None,
-    };
-    DSparkDrafter::init(cfg, m.config(), "tiny", 5, true).unwrap()
+        conf_law: false,
+        greedy_head: false,
+    }
 }
 
 fn max_rel(a: &Array, b: &Array) -> f32 {
@@ -97,6 +108,97 @@ fn training_forward_is_the_inference_forward() {
     let mask = [vec![false; 3], vec![true; 8]].concat();
     let fp = forward_train(d.config(), &dims, &params, m, &batch(padded, mask)).unwrap();
     assert!(max_rel(&fp.logits, &f.logits) < 1e-5, "padding leaked into the forward");
+}
+
+/// Proposes a block after 8 context tokens and runs the training forward teacher-forced with
+/// the drafter's own picks; returns (proposal, forward).
+fn propose_and_replay(
+    m: &Model,
+    d: &mut DSparkDrafter,
+    sampling: DraftSampling<'_>,
+) -> (spec_decode::Proposal, spec_decode::dspark::train::TrainForward) {
+    let ids: Vec<u32> = (0..9).map(|i| 5 + i * 37 % 400).collect();
+    let ctx = rows(m, d, &ids[..8]);
+    d.reset(Some(&ctx), 8).unwrap();
+    let a = Array::from_slice(&[ids[8]], &[1]).unwrap();
+    let cache = m.new_cache();
+    let req = DraftRequest { anchor: &a, position: 8, max_drafts: 4, sampling, target: m, target_cache: &cache };
+    let p = d.propose(req).unwrap();
+    let batch = TrainBatch {
+        ctx_mask: Array::full(&[1, 8], 1.0, Dtype::Bool).unwrap(),
+        ctx_rows: ctx,
+        anchors: a,
+        block: p.tokens.reshape(&[1, 4]).unwrap(),
+        target_hidden: Array::zeros(&[1, 4, 128], Dtype::F32).unwrap(),
+    };
+    let f = forward_train(d.config(), d.dims(), &d.trainable_params().unwrap(), m, &batch).unwrap();
+    (p, f)
+}
+
+#[test]
+fn law_reading_and_greedy_heads_are_the_trained_heads() {
+    let m = &target();
+    let mut d = law_drafter(m);
+    // Greedy decoding reads the greedy head.
+    let (p, f) = propose_and_replay(m, &mut d, DraftSampling::Greedy);
+    assert!(max_rel(&f.logits.squeeze(0).unwrap(), p.logits.as_ref().unwrap()) < 1e-4, "logits differ");
+    let greedy = f.greedy_confidence.as_ref().expect("the greedy head's confidences").squeeze(0).unwrap();
+    let got = p.confidence.as_ref().unwrap();
+    assert!(max_rel(&greedy, got) < 1e-4, "greedy confidence differs from the greedy head");
+    assert!(max_rel(&f.confidence.squeeze(0).unwrap(), got) > 1e-2, "the two heads should differ here");
+    // Sampled decoding reads the sampled head.
+    let cfg = gemma4::sampling::SamplerConfig { temperature: 1.0, ..Default::default() };
+    let mut keys = KeyChain::new(4).unwrap();
+    let (p, f) = propose_and_replay(m, &mut d, DraftSampling::Sample { cfg: &cfg, keys: &mut keys });
+    assert!(max_rel(&f.confidence.squeeze(0).unwrap(), p.confidence.as_ref().unwrap()) < 1e-4, "sampled head");
+    // The law features: top-1 log-probability and entropy, checked on a hand-computed law.
+    let l = Array::from_slice(&[0f32, 1f32.ln(), 2f32.ln()], &[1, 3]).unwrap(); // p = [1/4, 1/4, 1/2]
+    let v = spec_decode::dspark::confidence::law_features(&l).unwrap().to_f32_vec().unwrap();
+    let h = -(2.0 * 0.25 * 0.25f32.ln() + 0.5 * 0.5f32.ln());
+    assert!((v[0] - 0.5f32.ln()).abs() < 1e-6 && (v[1] - h).abs() < 1e-6, "{v:?}");
+}
+
+#[test]
+fn the_greedy_head_learns_without_shaping_the_drafter() {
+    let m = &target();
+    let d = law_drafter(m);
+    let (cfg, dims) = (d.config().clone(), d.dims().clone());
+    let mut keys = KeyChain::new(3).unwrap();
+    let a = 3;
+    let batch = TrainBatch {
+        ctx_rows: mlx_core::random::normal(&[a, 5, 256], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap(),
+        ctx_mask: Array::full(&[a, 5], 1.0, Dtype::Bool).unwrap(),
+        anchors: Array::from_slice(&[7u32, 100, 311], &[a]).unwrap(),
+        block: Array::from_slice(&[1u32, 2, 3, 4, 50, 60, 70, 80, 9, 99, 199, 299], &[a, 4]).unwrap(),
+        target_hidden: mlx_core::random::normal(&[a, 4, 128], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap(),
+    };
+    let only_greedy = LossWeights { ce: 0.0, tv: 0.0, bce: 0.0, bce_greedy: 1.0 };
+    let params = d.trainable_params().unwrap();
+    let argnums: Vec<usize> = (0..params.len()).collect();
+    let f = |xs: &[Array]| -> spec_decode::Result<Vec<Array>> {
+        let t = dspark_loss(&forward_train(&cfg, &dims, xs, m, &batch)?, m, &batch, &only_greedy)?;
+        Ok(vec![t.total, t.bce_greedy, t.greedy_tau])
+    };
+    let (values, grads) = value_and_grad(f, &params, &argnums).unwrap();
+    let v: Vec<f32> = values.iter().map(|x| x.to_f32_vec().unwrap()[0]).collect();
+    assert!(v[0] > 0.0 && v[0] == v[1], "the loss is the greedy BCE alone: {v:?}");
+    assert!((1.0..=5.0).contains(&v[2]), "greedy τ {} outside [1, γ + 1]", v[2]);
+    for (name, g) in cfg.param_names().iter().zip(&grads) {
+        let n = g.abs().unwrap().sum_all().unwrap().to_f32_vec().unwrap()[0];
+        if name.starts_with("conf_greedy.") {
+            assert!(n > 0.0, "{name}: the greedy head gets no gradient");
+        } else {
+            assert_eq!(n, 0.0, "{name}: the greedy BCE reached a parameter it must not shape");
+        }
+    }
+    // The greedy τ counts leading argmax agreements, checked against the same count on the host.
+    let fwd = forward_train(&cfg, &dims, &params, m, &batch).unwrap();
+    let t = dspark_loss(&fwd, m, &batch, &LossWeights::default()).unwrap();
+    let draft = fwd.logits.argmax(-1, false).unwrap().to_vec::<u32>().unwrap();
+    let want = m.logits_from_hidden(&batch.target_hidden).unwrap().argmax(-1, false).unwrap().to_vec::<u32>().unwrap();
+    let lead = |r: usize| (0..4).take_while(|&k| draft[r * 4 + k] == want[r * 4 + k]).count() as f32;
+    let expect = (0..3).map(|r| 1.0 + lead(r)).sum::<f32>() / 3.0;
+    assert!((t.greedy_tau.to_f32_vec().unwrap()[0] - expect).abs() < 1e-6, "greedy τ vs {expect}");
 }
 
 #[test]

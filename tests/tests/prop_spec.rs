@@ -96,6 +96,8 @@ fn dspark(model: &Model, seed: u64) -> DSparkDrafter {
         seq_head: None,
         sts: None,
         ctx_window: None,
+        conf_law: false,
+        greedy_head: false,
     };
     DSparkDrafter::init(cfg, model.config(), "tiny", seed, true).unwrap()
 }

@@ -38,6 +38,7 @@ pub fn analytic_all(
 /// Weighted sums of τ, loss and per-position acceptance over evaluation batches.
 pub(crate) struct EvalSum {
     tau: f64,
+    greedy_tau: f64,
     loss: f64,
     acceptance: Vec<f64>,
     weight: f64,
@@ -45,12 +46,13 @@ pub(crate) struct EvalSum {
 
 impl EvalSum {
     pub(crate) fn new(gamma: usize) -> EvalSum {
-        EvalSum { tau: 0.0, loss: 0.0, acceptance: vec![0.0; gamma], weight: 0.0 }
+        EvalSum { tau: 0.0, greedy_tau: 0.0, loss: 0.0, acceptance: vec![0.0; gamma], weight: 0.0 }
     }
 
     /// Adds one batch's terms with weight `w` (reads them back from the device).
     pub(crate) fn add(&mut self, t: &LossTerms, w: f64) -> Result<()> {
         self.tau += w * f64::from(t.tau.to_f32_vec()?[0]);
+        self.greedy_tau += w * f64::from(t.greedy_tau.to_f32_vec()?[0]);
         self.loss += w * f64::from(t.total.to_f32_vec()?[0]);
         for (a, v) in self.acceptance.iter_mut().zip(t.acceptance.to_f32_vec()?) {
             *a += w * f64::from(v);
@@ -64,6 +66,7 @@ impl EvalSum {
         let n = self.weight.max(f64::MIN_POSITIVE);
         EvalReport {
             tau: self.tau / n,
+            greedy_tau: self.greedy_tau / n,
             loss: self.loss / n,
             acceptance: self.acceptance.iter().map(|a| a / n).collect(),
         }

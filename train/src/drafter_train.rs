@@ -98,6 +98,8 @@ pub fn split_shards(shards: &[PathBuf], data_dir: &Path) -> Result<Split> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvalReport {
     pub tau: f64,
+    /// Teacher-forced greedy τ: 1 + the leading drafts whose argmax is the target's.
+    pub greedy_tau: f64,
     /// Mean acceptance per block position.
     pub acceptance: Vec<f64>,
     pub loss: f64,
@@ -112,6 +114,8 @@ pub struct Progress {
     pub ce: f64,
     pub tv: f64,
     pub bce: f64,
+    /// The greedy head's BCE (0 without one).
+    pub bce_greedy: f64,
     pub lr: f64,
     pub anchors_per_s: f64,
     pub eta_s: f64,
@@ -241,7 +245,7 @@ pub fn train_drafter(
         let batch = sample_batch(shard, cfg.batch, gamma, cfg.max_ctx, &mut rng)?;
         let f = |xs: &[Array]| -> spec_decode::Result<Vec<Array>> {
             let t = run.terms(xs, &batch)?;
-            Ok(vec![t.total, t.ce, t.tv, t.bce])
+            Ok(vec![t.total, t.ce, t.tv, t.bce, t.bce_greedy])
         };
         let (values, grads) = value_and_grad(f, &state.params, &argnums)?;
         let (grads, _) = clip_global_norm(&grads, cfg.clip)?;
@@ -285,6 +289,7 @@ pub fn train_drafter(
             ce: scalar(&values[1])?,
             tv: scalar(&values[2])?,
             bce: scalar(&values[3])?,
+            bce_greedy: scalar(&values[4])?,
             lr,
             anchors_per_s,
             eta_s: (cfg.steps - step) as f64 * cfg.batch as f64 / anchors_per_s.max(1e-9),

@@ -29,6 +29,8 @@ fn drafter_cfg(taps: Vec<usize>) -> DSparkConfig {
         seq_head: None,
         sts: None,
         ctx_window: None,
+        conf_law: false,
+        greedy_head: false,
     }
 }
 

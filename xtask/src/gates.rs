@@ -55,6 +55,8 @@ pub fn random_dspark(target: &TextConfig, gamma: usize, n_layers: usize, seed: u
         seq_head: None,
         sts: None,
         ctx_window: None,
+        conf_law: false,
+        greedy_head: false,
     };
     Ok(DSparkDrafter::init(cfg, target, "tiny", seed, true)?)
 }

@@ -47,6 +47,8 @@ pub struct Recipe {
     pub drafter_steps: u64,
     pub drafter_batch: usize,
     pub drafter_lr: f64,
+    /// Train only the paper's confidence head (no law features, no greedy head).
+    pub paper_confidence: bool,
     /// Validation-split prompts the drafter's confidence is calibrated on.
     pub calibration_prompts: usize,
 }
@@ -78,6 +80,7 @@ impl Recipe {
             drafter_steps: 3000,
             drafter_batch: 16,
             drafter_lr: 3e-3,
+            paper_confidence: false,
             calibration_prompts: 70,
         };
         if quick {
@@ -262,6 +265,10 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
         "--seed".into(),
         s(&r.seed),
     ];
+    let mut args = args;
+    if r.paper_confidence {
+        args.push("--paper-confidence".into());
+    }
     if first <= 2 {
         times.insert("drafter_s".into(), json!(stage(&bin, "drafter", &args)?));
     } else if !drafter.join("best").join("dspark.json").is_file() {

@@ -4,7 +4,8 @@
 //! { "kind": "dspark-drafter", "variant": "dspark", "version": 2,
 //!   "target_id": "<model>@<hidden>x<vocab>",
 //!   "config": { "gamma", "dDraft", "nLayers", "nHeads", "markovRank", "ffMult", "tapLayers",
-//!               "seqHead"?, "sts"?: { "version"?, "thresholds", "target", "samples",
+//!               "seqHead"?, "ctxWindow"?, "confLaw"?, "greedyHead"?,
+//!               "sts"?: { "version"?, "thresholds", "target", "samples",
 //!                                   "greedy"?: StsFit, "sampled"?: StsFit } },
 //!   "dims": { "hiddenSize", "vocabSize", "eps", "numLayers" }, "param_names": [...] }
 //! ```
@@ -115,6 +116,15 @@ pub struct DSparkConfig {
     /// sets it to the context length it trained with). Absent: the whole context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ctx_window: Option<usize>,
+    /// The confidence heads also read two facts of the draft law: its top-1 log-probability
+    /// and its entropy (`confLaw`). Absent: the paper's head, which reads [h_k; W1[x_{k−1}]].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub conf_law: bool,
+    /// A second confidence head (`conf_greedy.*`) trained on greedy acceptance (the draft's
+    /// argmax equals the target's), used under greedy decoding (`greedyHead`). Absent: greedy
+    /// decoding reads the sampled head, which predicts a different event.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub greedy_head: bool,
 }
 
 /// Target dimensions the drafter was built for (`dims`).
@@ -172,6 +182,8 @@ impl DSparkConfig {
             seq_head: None,
             sts: None,
             ctx_window: None,
+            conf_law: false,
+            greedy_head: false,
         }
     }
 
@@ -235,7 +247,16 @@ impl DSparkConfig {
         ] {
             v.push(n.to_string());
         }
+        // Last, so adding the head leaves every other parameter's initial draw unchanged.
+        if self.greedy_head {
+            v.extend(["conf_greedy.w".to_string(), "conf_greedy.b".to_string()]);
+        }
         v
+    }
+
+    /// Width of a confidence head's input: [h_k; W1[x_{k−1}]], then the two law features.
+    pub fn confidence_inputs(&self) -> usize {
+        self.d_draft + self.markov_rank + if self.conf_law { super::confidence::LAW_FEATURES } else { 0 }
     }
 
     /// Expected shape of each parameter for target `dims` and `m` taps.
@@ -262,8 +283,8 @@ impl DSparkConfig {
             "out_proj" => vec![d, h],
             "markov.w1" => vec![v, r],
             "markov.w2" => vec![r, v],
-            "conf.w" => vec![d + r, 1],
-            "conf.b" => vec![1],
+            "conf.w" | "conf_greedy.w" => vec![self.confidence_inputs() as i32, 1],
+            "conf.b" | "conf_greedy.b" => vec![1],
             _ => return None,
         })
     }
@@ -290,7 +311,7 @@ pub fn param_kind(name: &str) -> ParamKind {
         (_, Some((_, "q" | "k" | "v" | "o" | "gate" | "up" | "down"))) => ParamKind::Matrix,
         ("W_c" | "tok_proj" | "out_proj" | "markov.w2", None) => ParamKind::Matrix,
         ("markov.w1", None) => ParamKind::GatherTable,
-        ("conf.w" | "conf.b", None) => ParamKind::ConfidenceHead,
+        ("conf.w" | "conf.b" | "conf_greedy.w" | "conf_greedy.b", None) => ParamKind::ConfidenceHead,
         _ => ParamKind::Other,
     }
 }

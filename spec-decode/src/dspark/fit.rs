@@ -75,6 +75,8 @@ pub fn fit_bigram_drafter(
         seq_head: None,
         sts: None,
         ctx_window: None,
+        conf_law: false,
+        greedy_head: false,
     };
     let d = DSparkDrafter::init(cfg, target.config(), model_name, 0, false)?;
     let h = target.config().hidden_size as i32;

@@ -1,6 +1,7 @@
 //! DSpark drafters: the v2 KV-injection module, its checkpoint format, and a counting-fitted
 //! variant for the embedded default.
 
+pub mod confidence;
 pub mod config;
 mod fit;
 mod model;

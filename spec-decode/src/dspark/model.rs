@@ -2,8 +2,8 @@
 //! docs/formats.md, "DSpark drafters"): a parallel DFlash backbone over the block
 //! `[anchor, γ−1 mask slots]` whose layers attend bidirectionally over the projected
 //! multi-layer target context H_ctx = RMSNorm(W_c · taps) plus the block, then a Markov head
-//! (B_k = W1[x_{k−1}]·W2) and a confidence head (c_k = σ(w·[h_k; W1[x_{k−1}]] + b)); the target's
-//! own LM head turns the backbone output into logits.
+//! (B_k = W1[x_{k−1}]·W2) and confidence heads (c_k = σ(w·[h_k; W1[x_{k−1}]] + b), see
+//! `confidence`); the target's own LM head turns the backbone output into logits.
 //!
 //! Context K/V are cached per layer: every op on a context row (W_c, RMSNorm, the layer's norm
 //! and K/V projections) is per-row, so projecting committed rows once and appending is exact and
@@ -66,9 +66,12 @@ pub(super) struct Weights {
     pub(super) markov_w1: LinearWeights,
     /// Markov bias projection `[r, V]`.
     pub(super) markov_w2: LinearWeights,
-    /// Confidence head `[D + r, 1]` and bias `[1]` (always dense).
+    /// Confidence head `[I, 1]` and bias `[1]` (always dense; I from
+    /// `DSparkConfig::confidence_inputs`).
     pub(super) conf_w: Array,
     pub(super) conf_b: Array,
+    /// The greedy confidence head, same shapes (`greedyHead`).
+    pub(super) conf_greedy: Option<(Array, Array)>,
 }
 
 /// Parameters that may be quantized: the matmul weights and the Markov gather table.
@@ -138,6 +141,11 @@ impl Weights {
             markov_w2: linear("markov.w2")?,
             conf_w: dense("conf.w")?,
             conf_b: dense("conf.b")?,
+            conf_greedy: if cfg.greedy_head {
+                Some((dense("conf_greedy.w")?, dense("conf_greedy.b")?))
+            } else {
+                None
+            },
         })
     }
 
@@ -167,7 +175,7 @@ impl DSparkDrafter {
     }
 
     /// A freshly initialised drafter for `target` (norms 1, matrices N(0, 0.02²),
-    /// `markov.w2`, `conf.w`, `conf.b` zero). `random_heads` also draws the Markov and
+    /// `markov.w2` and the confidence heads zero). `random_heads` also draws the Markov and
     /// confidence heads at random, so untrained drafters exercise those paths in tests.
     pub fn init(
         cfg: DSparkConfig,
@@ -189,13 +197,15 @@ impl DSparkDrafter {
             let shape = cfg.param_shape(&name, &dims).ok_or_else(|| Error::Contract(format!("no shape for {name}")))?;
             let key = keys.next_key()?;
             let is_norm = name.ends_with("norm");
-            let zero = matches!(name.as_str(), "markov.w2" | "conf.w" | "conf.b") && !random_heads;
+            let head_w = matches!(name.as_str(), "conf.w" | "conf_greedy.w");
+            let bias = name.ends_with(".b");
+            let zero = (name == "markov.w2" || head_w) && !random_heads;
             let a = if is_norm {
                 Array::ones(&shape, Dtype::F32)?
-            } else if zero || name == "conf.b" {
+            } else if zero || bias {
                 Array::zeros(&shape, Dtype::F32)?
             } else {
-                let std = if random_heads && name == "conf.w" { 0.5 } else { 0.02 };
+                let std = if head_w { 0.5 } else { 0.02 };
                 random::normal(&shape, Dtype::F32, 0.0, std, &key)?
             };
             params.insert(name, a);
@@ -517,12 +527,11 @@ impl Drafter for DSparkDrafter {
         let to_target = self.w.out_proj.matmul_t(&block)?.astype(req.target.dtype())?;
         let u = req.target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?.squeeze(0)?; // [n, V]
         let (w1, w2) = (&self.w.markov_w1, &self.w.markov_w2);
-        let (cw, cb) = (&self.w.conf_w, &self.w.conf_b);
         let block = block.squeeze(0)?; // [n, D]
         let mut prev = req.anchor.reshape(&[1])?;
         let mut sampling = req.sampling;
         let uniforms = sampling.uniforms(n)?; // [n] under sampling
-        let (mut tokens, mut logits, mut qs, mut conf) =
+        let (mut tokens, mut logits, mut qs, mut e1s) =
             (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
         for k in 0..n as i32 {
             let e1 = w1.gather(&prev)?.astype(Dtype::F32)?; // [1, r]
@@ -534,18 +543,23 @@ impl Drafter for DSparkDrafter {
                 }
                 None => lk.argmax(-1, false)?.astype(Dtype::U32)?,
             }; // [1]
-            let hk = block.slice_axis(0, k, k + 1)?;
-            let c = concatenate(&[&hk, &e1], -1)?.matmul(cw)?.add(cb)?.sigmoid()?.reshape(&[1])?;
             tokens.push(tok);
             logits.push(lk);
-            conf.push(c);
+            e1s.push(e1);
             prev = tokens[k as usize].clone();
         }
+        let logits = concatenate(&logits, 0)?; // [n, V]
+        // Every position's confidence in one product: each reads only its own row.
+        let (cw, cb) = match (&self.w.conf_greedy, sampling.is_greedy()) {
+            (Some((w, b)), true) => (w, b),
+            _ => (&self.w.conf_w, &self.w.conf_b),
+        };
+        let x = super::confidence::inputs(&block, &concatenate(&e1s, 0)?, &logits, self.cfg.conf_law)?;
         Ok(Proposal {
             tokens: concatenate(&tokens, 0)?,
-            logits: Some(concatenate(&logits, 0)?),
+            logits: Some(logits),
             q: if qs.is_empty() { None } else { Some(concatenate(&qs, 0)?) },
-            confidence: Some(concatenate(&conf, 0)?),
+            confidence: Some(super::confidence::head(&x, cw, cb)?), // [n]
         })
     }
 

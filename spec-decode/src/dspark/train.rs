@@ -11,6 +11,7 @@
 //! Loss, per anchor, summed over block positions with weights w_k = exp(−k/γ) and averaged
 //! over anchors: 0.1·CE(p^d_k, x*_k) + 0.9·‖p^d_k − p^t_k‖₁ + 1.0·BCE(c_k, c*_k), where
 //! c*_k = 1 − ½‖p^d_k − p^t_k‖₁ under stop-gradient is the probability that draft k is accepted.
+//! A drafter with a greedy head adds 1.0·BCE(c^g_k, [argmax p^d_k = argmax p^t_k]).
 //! The weights follow the paper (decay over the block length γ); a fixed exp(−k/4) would weigh
 //! late positions of a long block far less than the paper does.
 
@@ -19,6 +20,7 @@ use std::collections::BTreeMap;
 use gemma4::Model;
 use mlx_core::{concatenate, fast, gelu_approx, Array, Dtype};
 
+use super::confidence;
 use super::config::{DSparkConfig, Dims};
 use super::model::Weights;
 use crate::error::{Error, Result};
@@ -38,17 +40,19 @@ pub struct TrainBatch {
     pub target_hidden: Array,
 }
 
-/// Weights of the three loss terms.
+/// Weights of the loss terms.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LossWeights {
     pub ce: f64,
     pub tv: f64,
     pub bce: f64,
+    /// The greedy head's BCE (drafters with `greedyHead` only).
+    pub bce_greedy: f64,
 }
 
 impl Default for LossWeights {
     fn default() -> Self {
-        LossWeights { ce: 0.1, tv: 0.9, bce: 1.0 }
+        LossWeights { ce: 0.1, tv: 0.9, bce: 1.0, bce_greedy: 1.0 }
     }
 }
 
@@ -59,10 +63,15 @@ pub struct LossTerms {
     pub ce: Array,
     pub tv: Array,
     pub bce: Array,
+    /// The greedy head's BCE against greedy acceptance (0 without the head).
+    pub bce_greedy: Array,
     /// Mean analytic acceptance a_k = 1 − ½‖p^d_k − p^t_k‖₁ per block position // `[γ]`
     pub acceptance: Array,
     /// Mean analytic τ = 1 + Σ_j Π_{i≤j} a_i over the batch.
     pub tau: Array,
+    /// Mean greedy τ = 1 + Σ_j Π_{i≤j} [argmax p^d_i = argmax p^t_i] over the batch: the
+    /// accepted length of greedy decoding where the text is the target's own greedy output.
+    pub greedy_tau: Array,
 }
 
 /// Draft logits and confidences of a batch.
@@ -71,6 +80,8 @@ pub struct TrainForward {
     pub logits: Array,
     /// `[A, γ]` f32, in (0, 1)
     pub confidence: Array,
+    /// The greedy head's confidences (`greedyHead`) // `[A, γ]` f32
+    pub greedy_confidence: Option<Array>,
 }
 
 fn rms(x: &Array, w: &Array, eps: f32) -> Result<Array> {
@@ -148,8 +159,15 @@ pub fn forward_train(
     }; // [A, γ]
     let e1 = w.markov_w1.gather(&prev)?.astype(Dtype::F32)?; // [A, γ, r]
     let logits = u.add(&w.markov_w2.matmul_t(&e1)?.astype(Dtype::F32)?)?; // [A, γ, V]
-    let confidence = concatenate(&[&h, &e1], -1)?.matmul(&w.conf_w)?.add(&w.conf_b)?.sigmoid()?.squeeze(-1)?;
-    Ok(TrainForward { logits, confidence })
+    // The heads read the draft law but do not shape it; the greedy head reads the backbone
+    // without shaping it either, so adding it leaves what the drafter drafts as it was.
+    let x = confidence::inputs(&h, &e1, &logits.stop_gradient()?, cfg.conf_law)?; // [A, γ, I]
+    let conf = confidence::head(&x, &w.conf_w, &w.conf_b)?;
+    let greedy_confidence = match &w.conf_greedy {
+        Some((gw, gb)) => Some(confidence::head(&x.stop_gradient()?, gw, gb)?),
+        None => None,
+    };
+    Ok(TrainForward { logits, confidence: conf, greedy_confidence })
 }
 
 /// The training loss of a forward against the batch's targets.
@@ -166,19 +184,38 @@ pub fn dspark_loss(fwd: &TrainForward, target: &Model, batch: &TrainBatch, weigh
     let ce = log_pd.take_along_axis(&batch.block.reshape(&[a, g, 1])?, -1)?.squeeze(-1)?.negative()?; // [A, γ]
     let l1 = pd.subtract(&pt)?.abs()?.sum(&[-1], false)?; // [A, γ]
     let c_star = l1.mul_scalar(0.5)?.rsub_scalar(1.0)?.stop_gradient()?;
-    let c = fwd.confidence.maximum_scalar(1e-6)?.minimum_scalar(1.0 - 1e-6)?;
-    let bce = c_star
-        .multiply(&c.log()?)?
-        .add(&c_star.rsub_scalar(1.0)?.multiply(&c.rsub_scalar(1.0)?.log()?)?)?
-        .negative()?;
+    let bce = binary_cross_entropy(&fwd.confidence, &c_star)?;
+    // Greedy acceptance: the draft's argmax is the target's (ties go to the lower id in both).
+    let hit = fwd.logits.argmax(-1, false)?.equal(&pt.argmax(-1, false)?)?.astype(Dtype::F32)?; // [A, γ]
+    let bce_greedy = match &fwd.greedy_confidence {
+        Some(c) => Some(binary_cross_entropy(c, &hit)?),
+        None => None,
+    };
     let pos: Vec<f32> = (0..g).map(|k| (-(k as f32) / g as f32).exp()).collect();
     let wk = Array::from_slice(&pos, &[1, g])?;
     let reduce = |x: &Array| -> Result<Array> { Ok(x.multiply(&wk)?.sum(&[1], false)?.mean_all()?) };
     let (ce, tv, bce) = (reduce(&ce)?, reduce(&l1)?, reduce(&bce)?);
-    let total = ce.mul_scalar(weights.ce)?.add(&tv.mul_scalar(weights.tv)?)?.add(&bce.mul_scalar(weights.bce)?)?;
+    let mut total = ce.mul_scalar(weights.ce)?.add(&tv.mul_scalar(weights.tv)?)?.add(&bce.mul_scalar(weights.bce)?)?;
+    let bce_greedy = match bce_greedy {
+        Some(b) => {
+            let b = reduce(&b)?;
+            total = total.add(&b.mul_scalar(weights.bce_greedy)?)?;
+            b
+        }
+        None => Array::scalar(0.0, Dtype::F32)?,
+    };
     let acc = l1.mul_scalar(0.5)?.rsub_scalar(1.0)?.stop_gradient()?; // [A, γ]
                                                                       // Π_{i≤j} a_i as exp(Σ log a_i) (a is clamped at 0: rounding can take it a hair below).
     let survive = acc.maximum_scalar(0.0)?.log()?.cumsum(1, false, true)?.exp()?;
     let tau = survive.sum(&[1], false)?.add_scalar(1.0)?.mean_all()?;
-    Ok(LossTerms { total, ce, tv, bce, acceptance: acc.mean(&[0], false)?, tau })
+    // Π_{i≤j} hit_i of 0/1 hits: no miss among the first j.
+    let misses = hit.rsub_scalar(1.0)?.cumsum(1, false, true)?;
+    let greedy_tau = misses.equal_scalar(0.0)?.astype(Dtype::F32)?.sum(&[1], false)?.add_scalar(1.0)?.mean_all()?;
+    Ok(LossTerms { total, ce, tv, bce, bce_greedy, acceptance: acc.mean(&[0], false)?, tau, greedy_tau })
+}
+
+/// −[t·log c + (1 − t)·log(1 − c)], elementwise, with c clamped away from 0 and 1.
+fn binary_cross_entropy(c: &Array, t: &Array) -> Result<Array> {
+    let c = c.maximum_scalar(1e-6)?.minimum_scalar(1.0 - 1e-6)?;
+    Ok(t.multiply(&c.log()?)?.add(&t.rsub_scalar(1.0)?.multiply(&c.rsub_scalar(1.0)?.log()?)?)?.negative()?)
 }

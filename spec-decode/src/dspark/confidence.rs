@@ -1,0 +1,43 @@
+//! The confidence heads: c_k = σ(w·x_k + b), the drafter's estimate that draft k is accepted
+//! given the drafts before it were.
+//!
+//! The paper's head reads x_k = [h_k; W1[x_{k−1}]] (the backbone row and the Markov embedding
+//! of the previous token). With `confLaw` it also reads two facts of the draft law p^d_k: its
+//! top-1 log-probability and its entropy. A linear head cannot compute either from h_k (they
+//! pass through the LM head and a softmax), yet they are what acceptance hinges on: under
+//! greedy decoding a draft is accepted when its argmax is the target's, which a flat draft law
+//! rarely gets right.
+//!
+//! Two heads can share these inputs: `conf.*`, trained on the sampled acceptance
+//! 1 − ½‖p^d_k − p^t_k‖₁, and with `greedyHead` `conf_greedy.*`, trained on greedy acceptance
+//! (argmax p^d_k = argmax p^t_k). The events differ, so one head cannot predict both.
+
+use mlx_core::{concatenate, Array, Dtype};
+
+use crate::error::Result;
+
+/// How many law features `confLaw` appends.
+pub const LAW_FEATURES: usize = 2;
+
+/// log max_v p^d(v) and the entropy H(p^d) of the draft law of `logits` // `[..., V]` f32 ->
+/// `[..., 2]` f32.
+pub fn law_features(logits: &Array) -> Result<Array> {
+    let lse = logits.logsumexp(&[-1], true)?; // [..., 1]
+    let top = logits.max(&[-1], true)?.subtract(&lse)?;
+    let p = logits.subtract(&lse)?.exp()?;
+    // H = log Z − Σ p·l (the logits are finite: the softcap bounds them).
+    let entropy = lse.subtract(&p.multiply(logits)?.sum(&[-1], true)?)?;
+    Ok(concatenate(&[&top, &entropy], -1)?)
+}
+
+/// A head's input x_k from the backbone rows `h` // `[..., D]`, the Markov embeddings `e1`
+/// // `[..., r]` and, with `law`, the draft logits // `[..., V]` -> `[..., D + r (+ 2)]` f32.
+pub fn inputs(h: &Array, e1: &Array, logits: &Array, law: bool) -> Result<Array> {
+    let (h, e1) = (h.astype(Dtype::F32)?, e1.astype(Dtype::F32)?);
+    Ok(if law { concatenate(&[&h, &e1, &law_features(logits)?], -1)? } else { concatenate(&[&h, &e1], -1)? })
+}
+
+/// σ(x·w + b) for inputs `x` // `[..., I]`, `w` // `[I, 1]`, `b` // `[1]` -> `[...]`.
+pub fn head(x: &Array, w: &Array, b: &Array) -> Result<Array> {
+    Ok(x.matmul(w)?.add(b)?.sigmoid()?.squeeze(-1)?)
+}
