@@ -174,8 +174,13 @@ pub fn run(a: Args) -> Result<()> {
         ));
         if let Some(e) = &p.eval {
             let acc: Vec<String> = e.acceptance.iter().map(|x| format!("{x:.2}")).collect();
-            let line =
-                format!("step {}: validation τ {:.3} (greedy {:.3}), acceptance by position [{}]", p.step, e.tau, e.greedy_tau, acc.join(" "));
+            let line = format!(
+                "step {}: validation τ {:.3} (greedy {:.3}), acceptance by position [{}]",
+                p.step,
+                e.tau,
+                e.greedy_tau,
+                acc.join(" ")
+            );
             // A hidden bar (no terminal) drops println: the evaluations still belong in the log.
             if bar.is_hidden() {
                 eprintln!("{line}");

@@ -141,11 +141,7 @@ impl Weights {
             markov_w2: linear("markov.w2")?,
             conf_w: dense("conf.w")?,
             conf_b: dense("conf.b")?,
-            conf_greedy: if cfg.greedy_head {
-                Some((dense("conf_greedy.w")?, dense("conf_greedy.b")?))
-            } else {
-                None
-            },
+            conf_greedy: if cfg.greedy_head { Some((dense("conf_greedy.w")?, dense("conf_greedy.b")?)) } else { None },
         })
     }
 
@@ -549,7 +545,7 @@ impl Drafter for DSparkDrafter {
             prev = tokens[k as usize].clone();
         }
         let logits = concatenate(&logits, 0)?; // [n, V]
-        // Every position's confidence in one product: each reads only its own row.
+                                               // Every position's confidence in one product: each reads only its own row.
         let (cw, cb) = match (&self.w.conf_greedy, sampling.is_greedy()) {
             (Some((w, b)), true) => (w, b),
             _ => (&self.w.conf_w, &self.w.conf_b),

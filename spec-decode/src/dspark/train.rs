@@ -159,8 +159,8 @@ pub fn forward_train(
     }; // [A, γ]
     let e1 = w.markov_w1.gather(&prev)?.astype(Dtype::F32)?; // [A, γ, r]
     let logits = u.add(&w.markov_w2.matmul_t(&e1)?.astype(Dtype::F32)?)?; // [A, γ, V]
-    // The heads read the draft law but do not shape it; the greedy head reads the backbone
-    // without shaping it either, so adding it leaves what the drafter drafts as it was.
+                                                                          // The heads read the draft law but do not shape it; the greedy head reads the backbone
+                                                                          // without shaping it either, so adding it leaves what the drafter drafts as it was.
     let x = confidence::inputs(&h, &e1, &logits.stop_gradient()?, cfg.conf_law)?; // [A, γ, I]
     let conf = confidence::head(&x, &w.conf_w, &w.conf_b)?;
     let greedy_confidence = match &w.conf_greedy {
