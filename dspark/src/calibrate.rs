@@ -33,7 +33,7 @@ pub const MAX_PROMPTS: usize = 100_000;
 const SYNTHETIC_PROMPT_LEN: u32 = 8;
 /// Ids below this are left out of synthetic prompts (pad, eos, bos, unk in Gemma vocabularies).
 const FIRST_ORDINARY_ID: u32 = 4;
-/// Seed of the default model's calibration prompts (heads of validation-split files).
+/// Seed of the default model's calibration prompts (cut from validation-split files).
 const PROMPT_SEED: u64 = 0xca1b;
 
 /// Arguments of `dspark calibrate`. Numeric options accept negative values at parse time so the
@@ -51,12 +51,12 @@ pub struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Prompts, one a line: plain text or JSON `{"prompt": "..."}` (through the target's
-    /// tokenizer; the first --prompts are used). Without it: heads of
+    /// tokenizer; the first --prompts are used). Without it: the heads of, then windows inside,
     /// validation-split standard-library files for the default model, synthetic token prompts
     /// for others.
     #[arg(long)]
     prompt_file: Option<PathBuf>,
-    /// Number of prompts (1 to 100000; the default model's validation split has about 70).
+    /// Number of prompts (1 to 100000; `cargo xtask train-default` calibrates the default on 350).
     #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
     prompts: usize,
     /// Tokens generated per prompt (at least 1).
@@ -225,7 +225,7 @@ fn load_prompts(
             .collect::<Result<_, _>>()
             .with_context(|| format!("--prompt-file {}", f.display()))?,
         (None, Some(tok)) if default_model => {
-            let heads = train::prompts::stdlib_heads(train::corpus::Split::Validation, a.prompts, PROMPT_SEED)
+            let heads = train::prompts::stdlib_prompts(train::corpus::Split::Validation, a.prompts, PROMPT_SEED)
                 .context("cutting calibration prompts (pass --prompt-file, or fewer --prompts)")?;
             heads.iter().map(|p| tok.encode(&p.text, true)).collect::<Result<_, _>>()?
         }

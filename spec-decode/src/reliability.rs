@@ -62,6 +62,25 @@ pub fn auroc(p: &[f32], y: &[bool]) -> Option<f64> {
     Some((rank_sum - (pos * (pos + 1)) as f64 / 2.0) / (pos as f64 * neg as f64))
 }
 
+/// Mean negative log-likelihood of the outcomes (probabilities clamped to [1e-7, 1 − 1e-7]);
+/// 0 for no samples.
+pub fn log_loss(p: &[f32], y: &[bool]) -> f64 {
+    let v: Vec<f64> = p
+        .iter()
+        .zip(y)
+        .filter(|(s, _)| s.is_finite())
+        .map(|(&s, &t)| {
+            let s = (s as f64).clamp(1e-7, 1.0 - 1e-7);
+            -(if t { s.ln() } else { (1.0 - s).ln() })
+        })
+        .collect();
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
 /// Mean squared error of the probabilities; 0 for no samples.
 pub fn brier(p: &[f32], y: &[bool]) -> f64 {
     let v: Vec<f64> =

@@ -1,21 +1,25 @@
 //! Sequential temperature scaling (STS) of the confidence head: for block positions k = 1..γ,
-//! left to right, a temperature T_k on the confidence logit, c_k = σ(z_k / T_k + b_k), chosen by
-//! a grid search that minimises the expected calibration error (20 bins) of the cumulative
-//! survival ∏_{i≤k} c_i against "the first k drafts were all accepted", with the earlier
-//! positions held fixed. A positive temperature never reorders the scores of a position, and
-//! T = 1, b = 0 everywhere (before fitting) is the identity.
+//! left to right, a temperature T_k and shift b_k on the confidence logit,
+//! c_k = σ(z_k / T_k + b_k), chosen by a grid search over the cumulative survival
+//! ∏_{i≤k} c_i against "the first k drafts were all accepted", with the earlier positions held
+//! fixed. A positive temperature never reorders the scores of a position, and T = 1, b = 0
+//! everywhere (before fitting) is the identity.
 //!
-//! The shift b_k extends the paper's STS (temperature only, b = 0). A temperature can only pull
-//! confidences towards or away from 1/2; when the head's logits are centred for another event
-//! (the DSpark head learns the sampling acceptance 1 − TV(q, p), while a greedy draft is
-//! accepted when the argmaxes agree), no temperature brings the mean survival to the observed
-//! rate, and greedy ECE stayed at 6–20%. The shift grid contains 0 and ties keep the smallest
-//! |b|, so where a temperature suffices the fit is the paper's.
+//! Two departures from the paper (temperature only, chosen by the expected calibration error):
+//! - The shift b_k. A temperature can only pull confidences towards or away from 1/2; when the
+//!   logits are centred for another event (a head trained on the sampling acceptance, read
+//!   under greedy decoding), no temperature brings the mean survival to the observed rate.
+//! - The objective is the log loss of the survival, not its ECE. With a shift, ECE is
+//!   minimised by a constant (a large T and b at the base rate: every round in one bin), which
+//!   throws away the ranking: on the default pair ECE-fitted temperatures of 6–16 cut the
+//!   greedy head's held-out AUROC from 0.79 to 0.75 and left the held-out ECE at 9–14%. The log
+//!   loss is a proper score: it rewards calibration and sharpness together (Platt scaling per
+//!   position). ECE stays the reported measure.
 
 use crate::calibration::ConfSample;
-use crate::reliability::ece;
+use crate::reliability::log_loss;
 
-/// Bins of the calibration error STS minimises.
+/// Bins of the expected calibration error calibration reports.
 pub const ECE_BINS: usize = 20;
 
 /// One verify round as calibration sees it.
@@ -101,10 +105,10 @@ impl Sts {
         rounds.iter().filter(|r| r.logits.len() > k).map(|r| (self.survivals(&r.logits)[k], r.accepted > k)).unzip()
     }
 
-    /// Fits γ temperatures and shifts left to right; positions with fewer than `min_samples`
-    /// rounds keep T = 1, b = 0. The temperature grid is log-spaced over [0.05, 20] and contains
-    /// 1; shifts run over [−4, 4] in steps of 0.05. Ties keep the temperature nearest 1, then
-    /// the smallest shift.
+    /// Fits γ temperatures and shifts left to right, each pair minimising the log loss of the
+    /// survival; positions with fewer than `min_samples` rounds keep T = 1, b = 0. The
+    /// temperature grid is log-spaced over [0.05, 20] and contains 1; shifts run over [−4, 4]
+    /// in steps of 0.05. Ties keep the temperature nearest 1, then the smallest shift.
     pub fn fit(samples: &[RoundSample], gamma: usize, min_samples: usize) -> Sts {
         let grid: Vec<f64> = {
             let mut g: Vec<f64> = (0..=120).map(|i| 0.05f64 * (400f64).powf(i as f64 / 120.0)).collect();
@@ -128,7 +132,7 @@ impl Sts {
                         for (slot, &r) in p.iter_mut().zip(&rows) {
                             *slot = (prefix[r] * sigmoid(samples[r].logits[k] as f64 / t + b)) as f32;
                         }
-                        let e = ece(&p, &labels, ECE_BINS);
+                        let e = log_loss(&p, &labels);
                         let nearer = (t.ln().abs(), b.abs()) < (best.1.ln().abs(), best.2.abs());
                         if e < best.0 - 1e-12 || (e <= best.0 + 1e-12 && nearer) {
                             best = (e, t, b);
@@ -167,6 +171,7 @@ pub fn rounds_from_samples(samples: &[ConfSample]) -> Vec<RoundSample> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reliability::ece;
 
     /// Rounds whose true acceptance law is σ(z / 3) per position (over-confident raw logits).
     fn rounds(n: usize, gamma: usize) -> Vec<RoundSample> {
@@ -235,7 +240,10 @@ mod tests {
         assert!((fitted.shifts[0] + 1.5).abs() < 0.5, "shift {} (the law's is −1.5)", fitted.shifts[0]);
         let (p, y): (Vec<f32>, Vec<bool>) =
             data.iter().map(|r| (fitted.survivals(&r.logits)[0], r.accepted > 0)).unzip();
-        assert!(ece(&p, &y, ECE_BINS) < 0.02, "ECE after {}", ece(&p, &y, ECE_BINS));
+        // 6000 draws leave the true law itself an ECE of about 2% (sampling noise in 20 bins).
+        let truth: Vec<f32> = data.iter().map(|r| sigmoid(r.logits[0] as f64 / 2.0 - 1.5) as f32).collect();
+        let (after, floor) = (ece(&p, &y, ECE_BINS), ece(&truth, &y, ECE_BINS));
+        assert!(after < floor + 0.01, "ECE after {after}, the true law's {floor}");
         // Temperatures alone cannot centre it.
         let temps_only = Sts::with_temperatures(fitted.temperatures.clone());
         let (p, _): (Vec<f32>, Vec<bool>) = data.iter().map(|r| (temps_only.survivals(&r.logits)[0], true)).unzip();

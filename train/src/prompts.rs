@@ -98,6 +98,50 @@ pub fn stdlib_heads(split: Split, count: usize, seed: u64) -> Result<Vec<Prompt>
     Ok(p)
 }
 
+/// `count` prompts from one split of this machine's standard library: every file's head first,
+/// then windows inside the files ([`heads_then_windows`]). For calibration, whose rounds are
+/// only as independent as its prompts: the heads of a split alone run out at one per file.
+pub fn stdlib_prompts(split: Split, count: usize, seed: u64) -> Result<Vec<Prompt>> {
+    let files = list_sources(&stdlib_dir(None)?)?;
+    let out = heads_then_windows(&read_split(&files, split), count, 40, 400, seed);
+    if out.len() < count {
+        return Err(Error::Invalid {
+            what: format!("{split:?} split of the standard library"),
+            detail: format!("only {} distinct prompts can be cut from it (wanted {count})", out.len()),
+        });
+    }
+    Ok(out)
+}
+
+/// Up to `count` distinct prompts: the documents' heads, then windows inside them, several per
+/// document if need be (one pass of [`cut_prompts`] cuts at most one window per document; the
+/// passes stop when one finds nothing new).
+pub fn heads_then_windows(
+    docs: &[(String, String)],
+    count: usize,
+    min_bytes: usize,
+    max_bytes: usize,
+    seed: u64,
+) -> Vec<Prompt> {
+    let mut out = cut_prompts(docs, Cut::Head, count, min_bytes, max_bytes, seed);
+    let mut seen: std::collections::BTreeSet<String> = out.iter().map(|p| p.text.clone()).collect();
+    for pass in 1u64.. {
+        if out.len() >= count {
+            break;
+        }
+        let pass_seed = seed ^ pass.wrapping_mul(0x9e37_79b9);
+        let fresh: Vec<Prompt> = cut_prompts(docs, Cut::Inside, count - out.len(), min_bytes, max_bytes, pass_seed)
+            .into_iter()
+            .filter(|p| seen.insert(p.text.clone()))
+            .collect();
+        if fresh.is_empty() {
+            break;
+        }
+        out.extend(fresh);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +186,22 @@ mod tests {
         let a = cut_prompts(&docs, Cut::Inside, 5, 10, 100, 3);
         assert_eq!(a, cut_prompts(&docs, Cut::Inside, 5, 10, 100, 3));
         assert_ne!(a, cut_prompts(&docs, Cut::Inside, 5, 10, 100, 4));
+    }
+
+    #[test]
+    fn heads_come_first_then_distinct_windows_several_per_document() {
+        let docs: Vec<_> = (0..3).map(|i| doc(&format!("m{i}.py"), 60)).collect();
+        let p = heads_then_windows(&docs, 12, 20, 80, 5);
+        assert_eq!(p.len(), 12, "three heads cannot give 12 prompts: windows make up the rest");
+        for pr in &p[..3] {
+            assert!(docs.iter().any(|d| d.1.starts_with(&pr.text)), "the first three are heads: {pr:?}");
+        }
+        let texts: std::collections::HashSet<_> = p.iter().map(|x| &x.text).collect();
+        assert_eq!(texts.len(), 12, "no prompt twice");
+        // A corpus that cannot give that many stops, with what it has.
+        let short = vec![doc("s.py", 4)];
+        let few = heads_then_windows(&short, 50, 5, 40, 1);
+        assert!(!few.is_empty() && few.len() < 50, "{}", few.len());
     }
 
     #[test]

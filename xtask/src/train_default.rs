@@ -49,7 +49,9 @@ pub struct Recipe {
     pub drafter_lr: f64,
     /// Train only the paper's confidence head (no law features, no greedy head).
     pub paper_confidence: bool,
-    /// Validation-split prompts the drafter's confidence is calibrated on.
+    /// Validation-split prompts the drafter's confidence is calibrated on: every file's head,
+    /// then windows inside the files (greedy rounds cluster by prompt, so the calibration's
+    /// error is only as small as the prompts are many).
     pub calibration_prompts: usize,
 }
 
@@ -81,7 +83,7 @@ impl Recipe {
             drafter_batch: 16,
             drafter_lr: 3e-3,
             paper_confidence: false,
-            calibration_prompts: 70,
+            calibration_prompts: 350,
         };
         if quick {
             Recipe {
@@ -277,7 +279,7 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
 
     // Calibration (STS for greedy and T = 1, pruning thresholds) on heads of validation-split
     // files, written into the trained drafter.
-    let cal_prompts = train::prompts::stdlib_heads(Split::Validation, r.calibration_prompts, r.seed ^ 0xca1b)?;
+    let cal_prompts = train::prompts::stdlib_prompts(Split::Validation, r.calibration_prompts, r.seed ^ 0xca1b)?;
     let cal_file = work.join("calibration-prompts.jsonl");
     write_prompts(&cal_file, &cal_prompts)?;
     let args: Vec<String> = vec![

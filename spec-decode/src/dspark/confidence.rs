@@ -12,6 +12,7 @@
 //! 1 − ½‖p^d_k − p^t_k‖₁, and with `greedyHead` `conf_greedy.*`, trained on greedy acceptance
 //! (argmax p^d_k = argmax p^t_k). The events differ, so one head cannot predict both.
 
+use gemma4::sampling::SamplerConfig;
 use mlx_core::{concatenate, Array, Dtype};
 
 use crate::error::Result;
@@ -22,12 +23,16 @@ pub const LAW_FEATURES: usize = 2;
 /// log max_v p^d(v) and the entropy H(p^d) of the draft law of `logits` // `[..., V]` f32 ->
 /// `[..., 2]` f32.
 pub fn law_features(logits: &Array) -> Result<Array> {
-    let lse = logits.logsumexp(&[-1], true)?; // [..., 1]
-    let top = logits.max(&[-1], true)?.subtract(&lse)?;
-    let p = logits.subtract(&lse)?.exp()?;
-    // H = log Z − Σ p·l (the logits are finite: the softcap bounds them).
-    let entropy = lse.subtract(&p.multiply(logits)?.sum(&[-1], true)?)?;
-    Ok(concatenate(&[&top, &entropy], -1)?)
+    // One softmax through the sampling kernels on the CPU: composed, its exp runs one element
+    // at a time, and a block's γ·V of them cost the default pair ~0.08 decode steps a round.
+    let t1 = SamplerConfig { temperature: 1.0, ..SamplerConfig::default() };
+    let p = crate::probs::probabilities(logits, &t1)?;
+    // log p_max = max l − log Z (p_max ≥ 1/V, so finite).
+    let log_top = p.max(&[-1], true)?.log()?;
+    // H = log Z − Σ p·l, with log Z = max l − log p_max.
+    let mean_logit = p.multiply(logits)?.sum(&[-1], true)?;
+    let entropy = logits.max(&[-1], true)?.subtract(&log_top)?.subtract(&mean_logit)?;
+    Ok(concatenate(&[&log_top, &entropy], -1)?)
 }
 
 /// A head's input x_k from the backbone rows `h` // `[..., D]`, the Markov embeddings `e1`
