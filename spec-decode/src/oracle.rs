@@ -53,8 +53,9 @@ impl Drafter for SelfDrafter {
             // Stepwise, like the verify, so the proposals are exactly plain greedy's tokens.
             let h = req.target.forward_stepwise(&tok, &mut cache, None)?.hidden.squeeze(1)?; // [1, H]
             let l = req.target.logits_from_hidden(&h)?; // [1, V]
-                                                        // Greedy picks as plain decoding does, from the target-dtype logprobs; sampling draws
-                                                        // from the f32 logits (drawing from bf16 logits would bias q).
+
+            // Greedy picks as plain decoding does, from the target-dtype logprobs; sampling draws
+            // from the f32 logits (drawing from bf16 logits would bias q).
             let lf = l.astype(Dtype::F32)?;
             let t = match sampling.draw(&lf)? {
                 Some((t, q)) => {

@@ -545,7 +545,8 @@ impl Drafter for DSparkDrafter {
             prev = tokens[k as usize].clone();
         }
         let logits = concatenate(&logits, 0)?; // [n, V]
-                                               // Every position's confidence in one product: each reads only its own row.
+
+        // Every position's confidence in one product: each reads only its own row.
         let (cw, cb) = match (&self.w.conf_greedy, sampling.is_greedy()) {
             (Some((w, b)), true) => (w, b),
             _ => (&self.w.conf_w, &self.w.conf_b),

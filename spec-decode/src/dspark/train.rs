@@ -123,7 +123,8 @@ pub fn forward_train(
     // Context K/V of every layer (per-row ops, so padding rows do not disturb real ones).
     let x = w.w_c.matmul_t(&batch.ctx_rows.astype(Dtype::F32)?)?;
     let hctx = rms(&x, &w.ctx_norm, eps)?; // [A, C, D]
-                                           // The block: anchor row, then γ−1 mask slots.
+
+    // The block: anchor row, then γ−1 mask slots.
     let emb = target.embed_raw(&batch.anchors.reshape(&[a, 1])?)?.astype(Dtype::F32)?; // [A, 1, H]
     let row0 = w.tok_proj.matmul_t(&emb)?.add(&w.block_pos.slice_axis(0, 0, 1)?)?; // [A, 1, D]
     let mut h = if g > 1 {
@@ -159,8 +160,9 @@ pub fn forward_train(
     }; // [A, γ]
     let e1 = w.markov_w1.gather(&prev)?.astype(Dtype::F32)?; // [A, γ, r]
     let logits = u.add(&w.markov_w2.matmul_t(&e1)?.astype(Dtype::F32)?)?; // [A, γ, V]
-                                                                          // The heads read the draft law but do not shape it; the greedy head reads the backbone
-                                                                          // without shaping it either, so adding it leaves what the drafter drafts as it was.
+
+    // The heads read the draft law but do not shape it; the greedy head reads the backbone
+    // without shaping it either, so adding it leaves what the drafter drafts as it was.
     let x = confidence::inputs(&h, &e1, &logits.stop_gradient()?, cfg.conf_law)?; // [A, γ, I]
     let conf = confidence::head(&x, &w.conf_w, &w.conf_b)?;
     let greedy_confidence = match &w.conf_greedy {
@@ -205,7 +207,8 @@ pub fn dspark_loss(fwd: &TrainForward, target: &Model, batch: &TrainBatch, weigh
         None => Array::scalar(0.0, Dtype::F32)?,
     };
     let acc = l1.mul_scalar(0.5)?.rsub_scalar(1.0)?.stop_gradient()?; // [A, γ]
-                                                                      // Π_{i≤j} a_i as exp(Σ log a_i) (a is clamped at 0: rounding can take it a hair below).
+
+    // Π_{i≤j} a_i as exp(Σ log a_i) (a is clamped at 0: rounding can take it a hair below).
     let survive = acc.maximum_scalar(0.0)?.log()?.cumsum(1, false, true)?.exp()?;
     let tau = survive.sum(&[1], false)?.add_scalar(1.0)?.mean_all()?;
     // Π_{i≤j} hit_i of 0/1 hits: no miss among the first j.
