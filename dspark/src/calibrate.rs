@@ -56,7 +56,7 @@ pub struct Args {
     /// for others.
     #[arg(long)]
     prompt_file: Option<PathBuf>,
-    /// Number of prompts (1 to 100000; `cargo xtask train-default` calibrates the default on 350).
+    /// Number of prompts (1 to 100000; `cargo xtask train-default` calibrates the default on 1000).
     #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
     prompts: usize,
     /// Tokens generated per prompt (at least 1).
