@@ -65,30 +65,28 @@ pub fn auroc(p: &[f32], y: &[bool]) -> Option<f64> {
 /// Mean negative log-likelihood of the outcomes (probabilities clamped to [1e-7, 1 − 1e-7]);
 /// 0 for no samples.
 pub fn log_loss(p: &[f32], y: &[bool]) -> f64 {
-    let v: Vec<f64> = p
-        .iter()
-        .zip(y)
-        .filter(|(s, _)| s.is_finite())
-        .map(|(&s, &t)| {
-            let s = (s as f64).clamp(1e-7, 1.0 - 1e-7);
-            -(if t { s.ln() } else { (1.0 - s).ln() })
-        })
-        .collect();
-    if v.is_empty() {
-        0.0
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
+    mean_score(p, y, |s, t| {
+        let s = s.clamp(1e-7, 1.0 - 1e-7);
+        -(if t { s.ln() } else { (1.0 - s).ln() })
+    })
 }
 
 /// Mean squared error of the probabilities; 0 for no samples.
 pub fn brier(p: &[f32], y: &[bool]) -> f64 {
-    let v: Vec<f64> =
-        p.iter().zip(y).filter(|(s, _)| s.is_finite()).map(|(&s, &t)| (s as f64 - t as u8 as f64).powi(2)).collect();
-    if v.is_empty() {
+    mean_score(p, y, |s, t| (s - t as u8 as f64).powi(2))
+}
+
+/// Mean of `score(probability, outcome)` over the samples with a finite probability; 0 for none.
+fn mean_score(p: &[f32], y: &[bool], score: impl Fn(f64, bool) -> f64) -> f64 {
+    let (sum, n) = p
+        .iter()
+        .zip(y)
+        .filter(|(s, _)| s.is_finite())
+        .fold((0.0, 0usize), |(sum, n), (&s, &t)| (sum + score(s as f64, t), n + 1));
+    if n == 0 {
         0.0
     } else {
-        v.iter().sum::<f64>() / v.len() as f64
+        sum / n as f64
     }
 }
 

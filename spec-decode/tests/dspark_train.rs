@@ -158,20 +158,26 @@ fn law_reading_and_greedy_heads_are_the_trained_heads() {
     assert!((v[0] - 0.5f32.ln()).abs() < 1e-6 && (v[1] - h).abs() < 1e-6, "{v:?}");
 }
 
+/// Three anchors with 5 random context rows each (which are real: `ctx_mask` // `[3, 5]`),
+/// fixed blocks and random target hiddens.
+fn three_anchor_batch(ctx_mask: Array) -> TrainBatch {
+    let mut keys = KeyChain::new(3).unwrap();
+    let a = 3;
+    TrainBatch {
+        ctx_rows: mlx_core::random::normal(&[a, 5, 256], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap(),
+        ctx_mask,
+        anchors: Array::from_slice(&[7u32, 100, 311], &[a]).unwrap(),
+        block: Array::from_slice(&[1u32, 2, 3, 4, 50, 60, 70, 80, 9, 99, 199, 299], &[a, 4]).unwrap(),
+        target_hidden: mlx_core::random::normal(&[a, 4, 128], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap(),
+    }
+}
+
 #[test]
 fn the_greedy_head_learns_without_shaping_the_drafter() {
     let m = &target();
     let d = law_drafter(m);
     let (cfg, dims) = (d.config().clone(), d.dims().clone());
-    let mut keys = KeyChain::new(3).unwrap();
-    let a = 3;
-    let batch = TrainBatch {
-        ctx_rows: mlx_core::random::normal(&[a, 5, 256], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap(),
-        ctx_mask: Array::full(&[a, 5], 1.0, Dtype::Bool).unwrap(),
-        anchors: Array::from_slice(&[7u32, 100, 311], &[a]).unwrap(),
-        block: Array::from_slice(&[1u32, 2, 3, 4, 50, 60, 70, 80, 9, 99, 199, 299], &[a, 4]).unwrap(),
-        target_hidden: mlx_core::random::normal(&[a, 4, 128], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap(),
-    };
+    let batch = three_anchor_batch(Array::full(&[3, 5], 1.0, Dtype::Bool).unwrap());
     let only_greedy = LossWeights { ce: 0.0, tv: 0.0, bce: 0.0, bce_greedy: 1.0 };
     let params = d.trainable_params().unwrap();
     let argnums: Vec<usize> = (0..params.len()).collect();
@@ -206,20 +212,13 @@ fn loss_gradient_matches_finite_differences() {
     let m = &target();
     let d = drafter(m);
     let (cfg, dims) = (d.config().clone(), d.dims().clone());
-    let mut keys = KeyChain::new(3).unwrap();
-    let a = 3;
-    let ctx_rows = mlx_core::random::normal(&[a, 5, 256], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap();
-    let batch = TrainBatch {
-        ctx_rows,
-        ctx_mask: Array::from_slice(
+    let batch = three_anchor_batch(
+        Array::from_slice(
             &[false, true, true, true, true, false, false, true, true, true, true, true, true, true, true],
-            &[a, 5],
+            &[3, 5],
         )
         .unwrap(),
-        anchors: Array::from_slice(&[7u32, 100, 311], &[a]).unwrap(),
-        block: Array::from_slice(&[1u32, 2, 3, 4, 50, 60, 70, 80, 9, 99, 199, 299], &[a, 4]).unwrap(),
-        target_hidden: mlx_core::random::normal(&[a, 4, 128], Dtype::F32, 0.0, 1.0, &keys.next_key().unwrap()).unwrap(),
-    };
+    );
     let params = d.trainable_params().unwrap();
     let names = cfg.param_names();
     // The BCE target c* is under stop-gradient, so finite differences (which do see c* move)

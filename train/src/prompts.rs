@@ -86,31 +86,35 @@ pub fn cut_prompts(
 /// split (40 to 400 bytes of whole lines, seeded); an error names the split when it has too
 /// few files for them.
 pub fn stdlib_heads(split: Split, count: usize, seed: u64) -> Result<Vec<Prompt>> {
-    let files = list_sources(&stdlib_dir(None)?)?;
-    let docs = read_split(&files, split);
-    let p = cut_prompts(&docs, Cut::Head, count, 40, 400, seed);
-    if p.len() < count {
-        return Err(Error::Invalid {
-            what: format!("{split:?} split of the standard library"),
-            detail: format!("only {} files give a prompt (wanted {count})", p.len()),
-        });
-    }
-    Ok(p)
+    from_split(split, count, "files give a prompt", |docs| cut_prompts(docs, Cut::Head, count, 40, 400, seed))
 }
 
 /// `count` prompts from one split of this machine's standard library: every file's head first,
 /// then windows inside the files ([`heads_then_windows`]). For calibration, whose rounds are
 /// only as independent as its prompts: the heads of a split alone run out at one per file.
 pub fn stdlib_prompts(split: Split, count: usize, seed: u64) -> Result<Vec<Prompt>> {
+    from_split(split, count, "distinct prompts can be cut from it", |docs| {
+        heads_then_windows(docs, count, 40, 400, seed)
+    })
+}
+
+/// What `cut` makes of the documents of one split; an error names the split when that is
+/// fewer than `count` prompts (`short` says what ran out).
+fn from_split(
+    split: Split,
+    count: usize,
+    short: &str,
+    cut: impl FnOnce(&[(String, String)]) -> Vec<Prompt>,
+) -> Result<Vec<Prompt>> {
     let files = list_sources(&stdlib_dir(None)?)?;
-    let out = heads_then_windows(&read_split(&files, split), count, 40, 400, seed);
-    if out.len() < count {
+    let p = cut(&read_split(&files, split));
+    if p.len() < count {
         return Err(Error::Invalid {
             what: format!("{split:?} split of the standard library"),
-            detail: format!("only {} distinct prompts can be cut from it (wanted {count})", out.len()),
+            detail: format!("only {} {short} (wanted {count})", p.len()),
         });
     }
-    Ok(out)
+    Ok(p)
 }
 
 /// Up to `count` distinct prompts: the documents' heads, then windows inside them, several per

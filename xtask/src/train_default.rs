@@ -241,7 +241,7 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
     }
 
     let drafter = work.join("drafter");
-    let args: Vec<String> = vec![
+    let mut args: Vec<String> = vec![
         "train".into(),
         "--model".into(),
         p(&target),
@@ -267,7 +267,6 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
         "--seed".into(),
         s(&r.seed),
     ];
-    let mut args = args;
     if r.paper_confidence {
         args.push("--paper-confidence".into());
     }
@@ -277,8 +276,8 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
         bail!("--from {from}: {} holds no trained drafter", drafter.join("best").display());
     }
 
-    // Calibration (STS for greedy and T = 1, pruning thresholds) on heads of validation-split
-    // files, written into the trained drafter.
+    // Calibration (STS for greedy and T = 1, pruning thresholds) on heads of, then windows
+    // inside, validation-split files, written into the trained drafter.
     let cal_prompts = train::prompts::stdlib_prompts(Split::Validation, r.calibration_prompts, r.seed ^ 0xca1b)?;
     let cal_file = work.join("calibration-prompts.jsonl");
     write_prompts(&cal_file, &cal_prompts)?;
