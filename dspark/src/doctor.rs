@@ -26,7 +26,13 @@ pub fn run(a: Args) -> Result<()> {
     );
     let check = blas::sgemm_check(1024, 5).context("timing an f32 matmul on the CPU")?;
     let linked = blas::linked().unwrap_or("none found at build time (MLX's bundled reference BLAS)");
-    println!("BLAS: {linked}");
+    match blas::openblas_core() {
+        Some(core) => println!("BLAS: {linked} (OpenBLAS kernels: {core})"),
+        None => println!("BLAS: {linked}"),
+    }
+    if let Some(why) = blas::openblas_fallback() {
+        println!("warning: {why}");
+    }
     println!(
         "f32 matmul 1024²: {:.1} GFLOP/s — {}",
         check.gflops,

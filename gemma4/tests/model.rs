@@ -6,7 +6,7 @@ mod common;
 use gemma4::checkpoint::{quantize_checkpoint, write_hf_layout};
 use gemma4::generate::{generate, ids_array, prefill, GenerateConfig};
 use gemma4::{ComputeDtype, Model, TapPoint, TapSet};
-use mlx_core::Array;
+use mlx_core::{Array, Dtype};
 
 fn prompt(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| 3 + (i * 37) % 500).collect()
@@ -214,6 +214,11 @@ fn stepwise_moe_top8_rows_are_one_token_decode_steps() {
 /// only: on a KV-shared model (A) the shared layers run for the tail alone, with the queries'
 /// positions and the masks cut to match; on one without (B) the rows are cut at the end. A
 /// cache already past the sliding window (8) makes the sliding mask an explicit one.
+///
+/// The cache must be bit-identical (decoding continues from it). The taps are the same
+/// arithmetic over fewer rows, so they agree to rounding only: an optimized BLAS may block a
+/// 7-row product differently from a 12-row one (OpenBLAS's generic x86 kernels do), and the
+/// taps only feed the drafter.
 #[test]
 fn tapping_from_a_row_keeps_the_cache_and_the_tail() {
     for (dir, taps) in [
@@ -236,6 +241,10 @@ fn tapping_from_a_row_keeps_the_cache_and_the_tail() {
         let (tail_kv, tail_taps) = states(5);
         assert_eq!(tail_kv, all_kv, "{}: every row's K/V is written", dir.display());
         assert_eq!(tail_taps.dim(1).unwrap(), 7, "12 rows from row 5");
-        assert_eq!(bytes(&tail_taps), bytes(&all_taps.slice_axis(1, 5, 12).unwrap()), "{}", dir.display());
+        let tail: Vec<f32> = tail_taps.astype(Dtype::F32).unwrap().to_vec().unwrap();
+        let all: Vec<f32> = all_taps.slice_axis(1, 5, 12).unwrap().astype(Dtype::F32).unwrap().to_vec().unwrap();
+        assert_eq!(tail.len(), all.len());
+        let worst = tail.iter().zip(&all).map(|(t, a)| (t - a).abs() / (1.0 + a.abs())).fold(0f32, f32::max);
+        assert!(worst <= 1e-5, "{}: tail taps differ from the full forward's by {worst:e}", dir.display());
     }
 }

@@ -19,6 +19,33 @@ pub fn linked() -> Option<&'static str> {
     Some(env!("MLX_CORE_BLAS")).filter(|s| !s.is_empty())
 }
 
+/// The kernel family OpenBLAS chose for this CPU at load time (`openblas_get_corename`), when
+/// OpenBLAS serves `cblas_sgemm`; `None` for BLIS, the reference BLAS, or no BLAS.
+pub fn openblas_core() -> Option<String> {
+    Some(crate::sys::ffi::blas_core()).filter(|s| !s.is_empty())
+}
+
+/// Why OpenBLAS runs slower than this CPU allows, if it does: an OpenBLAS older than the CPU
+/// does not recognise it and falls back to generic SSE kernels (e.g. OpenBLAS 0.3.21 on
+/// Sapphire Rapids: "Prescott"), several times slower than the AVX2/AVX-512 ones it can run.
+/// `OPENBLAS_CORETYPE=SkylakeX` (AVX-512) or `Haswell` (AVX2), set before the process starts,
+/// picks them.
+pub fn openblas_fallback() -> Option<String> {
+    let core = openblas_core()?;
+    let generic = ["prescott", "core2", "nehalem", "atom", "katmai", "coppermine", "northwood", "banias"];
+    let suggested = match row_linear_isa().as_str() {
+        "avx512" => "SkylakeX",
+        "avx2" => "Haswell",
+        _ => return None,
+    };
+    generic.contains(&core.to_ascii_lowercase().as_str()).then(|| {
+        format!(
+            "OpenBLAS runs its generic {core} kernels on this CPU (it does not recognise it); \
+             OPENBLAS_CORETYPE={suggested} makes f32 matmuls (prefill, training) several times faster"
+        )
+    })
+}
+
 /// Measured f32 matmul speed: the best of `reps` timed `[n, n] @ [n, n]` products after a warm-up.
 #[derive(Clone, Copy, Debug)]
 pub struct SgemmCheck {

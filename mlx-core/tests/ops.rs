@@ -634,3 +634,14 @@ fn row_softcap_matches_the_composed_softcap() {
         assert!((a - b).abs() < 1e-5, "{a} vs {b}");
     }
 }
+
+/// OpenBLAS names the kernels it chose exactly when it is the BLAS linked in.
+#[test]
+fn the_openblas_kernels_are_named_when_openblas_is_linked() {
+    let openblas = mlx_core::blas::linked().is_some_and(|p| p.contains("openblas"));
+    let core = mlx_core::blas::openblas_core();
+    assert_eq!(core.is_some(), openblas, "linked {:?}, kernels {core:?}", mlx_core::blas::linked());
+    if let Some(why) = mlx_core::blas::openblas_fallback() {
+        assert!(why.contains(&core.unwrap_or_default()) && why.contains("OPENBLAS_CORETYPE="), "{why}");
+    }
+}

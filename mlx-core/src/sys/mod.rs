@@ -15,6 +15,7 @@ pub(crate) mod ffi {
         fn dtype(a: &Array) -> Result<i32>;
         fn nbytes(a: &Array) -> Result<usize>;
         fn mlx_version() -> Result<String>;
+        fn blas_core() -> String;
 
         fn from_bytes(data: &[u8], shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
         fn scalar_f64(v: f64, dtype: i32) -> Result<UniquePtr<Array>>;

@@ -2,6 +2,8 @@
 // every numerical decision stays with MLX itself.
 #include "mlx-core/src/sys/shim.h"
 
+#include <dlfcn.h>
+
 #include <cstring>
 #include <stdexcept>
 
@@ -81,6 +83,14 @@ int32_t dtype(const Array& a) { return from_dtype(a.inner.dtype()); }
 size_t nbytes(const Array& a) { return a.inner.nbytes(); }
 
 rust::String mlx_version() { return rust::String(mx::version()); }
+
+rust::String blas_core() {
+  // Looked up rather than linked: the BLAS may be BLIS, or none, and only OpenBLAS has it.
+  using CoreName = char* (*)();
+  auto f = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  const char* name = f != nullptr ? f() : nullptr;
+  return rust::String(name != nullptr ? name : "");
+}
 
 ArrayPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shp, int32_t code) {
   auto dt = to_dtype(code);

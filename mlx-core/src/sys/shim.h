@@ -32,6 +32,7 @@ rust::Vec<int32_t> shape(const Array& a);
 int32_t dtype(const Array& a);
 size_t nbytes(const Array& a);
 rust::String mlx_version();
+rust::String blas_core();
 
 // ---- construction and readback ----
 ArrayPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, int32_t dtype);
