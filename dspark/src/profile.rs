@@ -78,8 +78,12 @@ pub fn run(a: Args) -> Result<()> {
     };
     let p = measure(&model, d, max_n, a.context, a.repeats)?;
     println!("one decode step: {:.2} ms", p.decode_ms);
-    if let (Some(g), Some(s)) = (p.draft, p.draft_sampled) {
-        println!("proposing a full block: {g:.3} decode steps greedy, {s:.3} sampled (T = 1)");
+    if let (Some(g), Some(s)) = (&p.draft_by_len, &p.draft_by_len_sampled) {
+        println!("| k (drafts proposed) | greedy | sampled (T = 1) |");
+        println!("|---|---|---|");
+        for (k, (g, s)) in g.iter().zip(s).enumerate() {
+            println!("| {} | {g:.3} | {s:.3} |", k + 1);
+        }
     }
     println!("| n (tokens verified) | v(n) |");
     println!("|---|---|");

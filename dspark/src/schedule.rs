@@ -47,7 +47,7 @@ pub fn choose(
     let profile = load(model_dir, &key)?;
     match (temperatures, profile) {
         (Some(t), Some(p)) => {
-            let cost = p.round_cost(greedy);
+            let cost = p.round_cost(greedy, true);
             let line = format!(
                 "throughput schedule ({mode} STS; round cost from profile {key}: {:.2} steps verifying 1 draft, {:.2} verifying {})",
                 cost.get(1).copied().unwrap_or(f32::NAN),

@@ -220,10 +220,11 @@ fn calibrate_profile_and_the_throughput_schedule_end_to_end() {
     let d: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(drafter.join("dspark.json")).unwrap()).unwrap();
     let sts = &d["config"]["sts"];
+    let gamma = d["config"]["gamma"].as_u64().unwrap() as usize;
     assert_eq!(sts["version"], 2);
     for mode in ["greedy", "sampled"] {
         let t = sts[mode]["temperatures"].as_array().expect("temperatures");
-        assert_eq!(t.len(), d["config"]["gamma"].as_u64().unwrap() as usize);
+        assert_eq!(t.len(), gamma);
         assert!(t.iter().all(|t| t.as_f64().unwrap() > 0.0));
     }
     let r = dspark(&home, &["calibrate", "--model", s(&model), "--drafter", s(&drafter)]);
@@ -231,11 +232,20 @@ fn calibrate_profile_and_the_throughput_schedule_end_to_end() {
 
     let out = ok(&dspark(&home, &["profile", "--model", s(&model), "--drafter", s(&drafter), "--repeats", "1"]));
     assert!(out.contains("| 2 |") && model.join("dspark-profile.json").is_file(), "{out}");
+    assert!(out.contains("| k (drafts proposed) |"), "proposals are priced by length: {out}");
+    let prof: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("dspark-profile.json")).unwrap()).unwrap();
+    let entry = prof["profiles"].as_object().and_then(|p| p.values().next()).expect("one profile");
+    for field in ["draftByLen", "draftByLenSampled"] {
+        let d = entry[field].as_array().unwrap_or_else(|| panic!("{field} in {entry}"));
+        assert_eq!(d.len(), gamma, "{field}: one cost per draft length");
+    }
 
     let plain = ok(&dspark(&home, &["generate", "--model", s(&model), "--tokens", "5 6 7", "--max-tokens", "24"]));
     let r = dspark(&home, &[&gen[..], &["--schedule", "throughput"]].concat());
     assert_eq!(ok(&r), plain, "greedy output under the throughput schedule");
-    assert!(String::from_utf8_lossy(&r.stderr).contains("throughput schedule (greedy STS"));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(err.contains("throughput schedule (greedy STS") && !err.contains("warning"), "{err}");
     // auto picks it too; --min-conf overrides it, and cannot be combined with it.
     let r = dspark(&home, &gen);
     assert!(

@@ -130,20 +130,20 @@ fn stepwise_rows_are_one_by_one_decoding_in_f32() {
     let rounds = [(4, 1), (8, 2), (1, 1), (6, 6), (5, 3), (9, 9), (3, 2)];
     let cpu = mlx_core::Device::Cpu;
     let (a, resolved) = Model::load_as(common::tiny_a(), ComputeDtype::F32, cpu).unwrap();
-    assert_eq!(a.dtype(), mlx_core::Dtype::F32);
-    assert!(!resolved.conversion.dequantize || resolved.conversion.cast == Some(mlx_core::Dtype::F32));
+    assert_eq!(a.dtype(), Dtype::F32);
+    assert!(!resolved.conversion.dequantize || resolved.conversion.cast == Some(Dtype::F32));
     for plen in [3, 11] {
         check_stepwise_rounds(&a, plen, &rounds);
     }
     let q = quantize_checkpoint(common::tiny_a(), &common::scratch("tiny-a-q4-f32"), 4, 64, true).unwrap();
     let (dq, _) = Model::load_as(&q, ComputeDtype::F32, cpu).unwrap();
-    assert_eq!(dq.dtype(), mlx_core::Dtype::F32);
+    assert_eq!(dq.dtype(), Dtype::F32);
     check_stepwise_rounds(&dq, 13, &rounds);
     // Dequantized f32 computes what the 4-bit kernels compute with f32 activations and scales.
     let ids = ids_array(&prompt(9)).unwrap();
     let cfg = gemma4::TextConfig::from_dir(&q).unwrap();
     let mut wm = gemma4::weights::WeightMap::load(&q, &cfg).unwrap();
-    wm.set_conversion(gemma4::compute::Conversion { cast: Some(mlx_core::Dtype::F32), dequantize: false });
+    wm.set_conversion(gemma4::compute::Conversion { cast: Some(Dtype::F32), dequantize: false });
     let q32 = Model::from_weights(cfg, &mut wm).unwrap();
     let lq = q32.logits(&ids, None).unwrap().to_f32_vec().unwrap();
     let ld = dq.logits(&ids, None).unwrap().to_f32_vec().unwrap();

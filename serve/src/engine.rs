@@ -277,7 +277,7 @@ fn plans(cfg: &EngineConfig, model: &Model, drafter: Option<&dyn Drafter>, devic
         .map_err(|e| Error::Load { path: cfg.model_dir.clone(), detail: e.to_string() })?;
     for (slot, greedy) in plans.iter_mut().zip([true, false]) {
         if let (Some(t), Some(p)) = (d.sts(greedy), &profile) {
-            *slot = Some(spec_decode::ThroughputPlan::new(t, p.round_cost(greedy)));
+            *slot = Some(spec_decode::ThroughputPlan::new(t, p.round_cost(greedy, true)));
         }
         let mode = if greedy { "greedy" } else { "sampled" };
         let how = match (&slot, &profile) {

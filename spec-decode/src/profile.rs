@@ -9,8 +9,15 @@
 //! { "format": "dspark-verify-profile", "version": 1,
 //!   "profiles": { "cpu-float32": { "cost": [1.02, 1.1, ...], "decodeMs": 9.8, "context": 64,
 //!                                  "taps": [1, 3, 4, 6], "repeats": 7,
-//!                                  "costSampled": [1.1, 1.2, ...], "draft": 0.4, "draftSampled": 0.7 } } }
+//!                                  "costSampled": [1.1, 1.2, ...], "draft": 0.4, "draftSampled": 0.7,
+//!                                  "draftByLen": [0.2, 0.25, ...], "draftByLenSampled": [0.3, ...] } } }
 //! ```
+//!
+//! `draftByLen[k - 1]` is the cost of proposing k drafts: the backbone runs over the whole
+//! block, but the LM head rows, the Markov steps and the draws are paid per draft, so a round
+//! whose window stays short (with the draft cap proposing little past it) is cheaper than one
+//! proposing the whole block. Files written before it was measured still load (whole-block
+//! pricing).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -54,6 +61,12 @@ pub struct VerifyProfile {
     pub draft: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_sampled: Option<f32>,
+    /// Proposing k = 1, 2, …, γ drafts, in decode steps, greedy and sampled (when profiled with
+    /// a drafter; the last entry is the full block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_by_len: Option<Vec<f32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_by_len_sampled: Option<Vec<f32>>,
 }
 
 /// A tap set as the profile records it: layer indices, the final norm as the layer count.
@@ -75,19 +88,34 @@ impl VerifyProfile {
         if self.taps != taps {
             return Some(format!("it was measured with taps {:?}, this drafter reads {taps:?}", self.taps));
         }
-        self.draft.is_none().then(|| "it was measured without a drafter, so proposals are priced at 0".to_string())
+        if self.draft.is_none() {
+            return Some("it was measured without a drafter, so proposals are priced at 0".to_string());
+        }
+        self.draft_by_len
+            .is_none()
+            .then(|| "it was measured before proposals were priced by length, so every round pays a whole block".into())
     }
 
-    /// The cost of a round that verifies n tokens, n = 1, 2, …: the proposal (already paid
-    /// when the window is chosen, but part of the round's time) plus v(n) (with the sampled
-    /// verdict for sampled decoding, when profiled), in decode steps.
-    pub fn round_cost(&self, greedy: bool) -> Vec<f32> {
-        let draft = if greedy { self.draft } else { self.draft_sampled }.unwrap_or(0.0);
+    /// The cost of a round that verifies n tokens, n = 1, 2, …, in decode steps: v(n) (with the
+    /// sampled verdict for sampled decoding, when profiled) plus the proposal. The proposal is
+    /// already paid when the window is chosen, but it is part of the round's time. With the draft
+    /// cap (`draft_cap`), rounds that settle on a window of n − 1 drafts propose about one more,
+    /// so the proposal is priced at n drafts (at least one, at most the block); without it, or
+    /// when lengths were not profiled, every round pays the whole block.
+    pub fn round_cost(&self, greedy: bool, draft_cap: bool) -> Vec<f32> {
+        let (full, by_len) =
+            if greedy { (self.draft, &self.draft_by_len) } else { (self.draft_sampled, &self.draft_by_len_sampled) };
         let verify = match (&self.cost_sampled, greedy) {
             (Some(c), false) if c.len() == self.cost.len() => c,
             _ => &self.cost,
         };
-        verify.iter().map(|v| v + draft).collect()
+        let proposal = |n: usize| -> f32 {
+            match by_len {
+                Some(d) if draft_cap && !d.is_empty() => d[n.clamp(1, d.len()) - 1],
+                _ => full.unwrap_or(0.0),
+            }
+        };
+        verify.iter().enumerate().map(|(i, v)| v + proposal(i + 1)).collect()
     }
 }
 
@@ -114,7 +142,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Measures v(1..=max_n) after `context` tokens, median of `repeats` timings per point
 /// (interleaved, after one warm-up round), tapped for `drafter`; with a drafter, also what
-/// proposing its full block costs, greedy and sampled (T = 1), in decode steps.
+/// proposing 1, 2, …, γ drafts costs, greedy and sampled (T = 1), in decode steps.
 pub fn measure(
     model: &Model,
     mut drafter: Option<&mut dyn Drafter>,
@@ -149,7 +177,10 @@ pub fn measure(
     let tapped = (!taps.is_empty()).then_some(&taps);
     let t1 = SamplerConfig { temperature: 1.0, ..Default::default() };
     let mut keys = KeyChain::new(0)?;
-    let (mut decode, mut draft, mut draft_sampled) = (Vec::new(), Vec::new(), Vec::new());
+    let gamma = drafter.as_ref().map_or(0, |d| d.gamma());
+    let mut decode = Vec::new();
+    // [k - 1] = times of proposing k drafts, greedy and sampled
+    let (mut draft, mut draft_sampled) = (vec![Vec::new(); gamma], vec![Vec::new(); gamma]);
     let mut verify: Vec<Vec<f64>> = vec![Vec::new(); max_n];
     let mut verify_sampled: Vec<Vec<f64>> = vec![Vec::new(); max_n];
     for rep in 0..=repeats {
@@ -194,26 +225,30 @@ pub fn measure(
             }
         }
         if let Some(d) = drafter.as_deref_mut() {
-            let gamma = d.gamma();
-            for (greedy, times) in [(true, &mut draft), (false, &mut draft_sampled)] {
-                let sampling =
-                    if greedy { DraftSampling::Greedy } else { DraftSampling::Sample { cfg: &t1, keys: &mut keys } };
-                let req = DraftRequest {
-                    anchor: &anchor,
-                    position: cache.offset(),
-                    max_drafts: gamma,
-                    sampling,
-                    target: model,
-                    target_cache: &cache,
-                };
-                let t = Instant::now();
-                let p = d.propose(req)?;
-                let mut outs = vec![&p.tokens];
-                outs.extend(p.q.as_ref());
-                outs.extend(p.confidence.as_ref());
-                mlx_core::eval(&outs)?;
-                if rep > 0 {
-                    times.push(t.elapsed().as_secs_f64());
+            for (greedy, by_len) in [(true, &mut draft), (false, &mut draft_sampled)] {
+                for (k, times) in by_len.iter_mut().enumerate() {
+                    let sampling = if greedy {
+                        DraftSampling::Greedy
+                    } else {
+                        DraftSampling::Sample { cfg: &t1, keys: &mut keys }
+                    };
+                    let req = DraftRequest {
+                        anchor: &anchor,
+                        position: cache.offset(),
+                        max_drafts: k + 1,
+                        sampling,
+                        target: model,
+                        target_cache: &cache,
+                    };
+                    let t = Instant::now();
+                    let p = d.propose(req)?;
+                    let mut outs = vec![&p.tokens];
+                    outs.extend(p.q.as_ref());
+                    outs.extend(p.confidence.as_ref());
+                    mlx_core::eval(&outs)?;
+                    if rep > 0 {
+                        times.push(t.elapsed().as_secs_f64());
+                    }
                 }
             }
         }
@@ -222,7 +257,10 @@ pub fn measure(
         }
     }
     let one = median(decode);
-    let steps = |t: Vec<f64>| (!t.is_empty()).then(|| (median(t) / one) as f32);
+    let steps = |by_len: Vec<Vec<f64>>| -> Option<Vec<f32>> {
+        (gamma > 0).then(|| by_len.into_iter().map(|t| (median(t) / one) as f32).collect())
+    };
+    let (draft_by_len, draft_by_len_sampled) = (steps(draft), steps(draft_sampled));
     Ok(VerifyProfile {
         cost: verify.into_iter().map(|t| (median(t) / one) as f32).collect(),
         cost_sampled: Some(verify_sampled.into_iter().map(|t| (median(t) / one) as f32).collect()),
@@ -230,8 +268,10 @@ pub fn measure(
         context,
         taps: tap_layers(&taps, model),
         repeats,
-        draft: steps(draft),
-        draft_sampled: steps(draft_sampled),
+        draft: draft_by_len.as_ref().and_then(|d| d.last().copied()),
+        draft_sampled: draft_by_len_sampled.as_ref().and_then(|d| d.last().copied()),
+        draft_by_len,
+        draft_by_len_sampled,
     })
 }
 
@@ -259,6 +299,16 @@ fn read_file(path: &Path) -> Result<Option<ProfileFile>> {
                     path,
                     format!("profiles.{key}.costSampled: expected {} positive costs, as many as cost", p.cost.len()),
                 ));
+            }
+        }
+        for (field, by_len) in [("draftByLen", &p.draft_by_len), ("draftByLenSampled", &p.draft_by_len_sampled)] {
+            if let Some(d) = by_len {
+                if d.is_empty() || d.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+                    return Err(Error::checkpoint(
+                        path,
+                        format!("profiles.{key}.{field}: expected one non-negative cost per draft length, 1 to γ"),
+                    ));
+                }
             }
         }
     }
@@ -304,6 +354,8 @@ mod tests {
             repeats: 3,
             draft: Some(0.5),
             draft_sampled: None,
+            draft_by_len: None,
+            draft_by_len_sampled: None,
         }
     }
 
@@ -317,9 +369,30 @@ mod tests {
         assert_eq!(load(&d, "gpu-bfloat16").unwrap().unwrap().cost.len(), 3);
         assert_eq!(load(&d, "cpu-bfloat16").unwrap(), None);
         let p = load(&d, "cpu-float32").unwrap().unwrap();
-        assert_eq!(p.round_cost(true), vec![1.5, 1.6], "the proposal is part of every round");
-        assert_eq!(p.round_cost(false), vec![1.0, 1.1], "not profiled sampled: verify cost only");
+        assert_eq!(p.round_cost(true, true), vec![1.5, 1.6], "the proposal is part of every round");
+        assert_eq!(p.round_cost(false, true), vec![1.0, 1.1], "not profiled sampled: verify cost only");
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn capped_rounds_pay_for_the_drafts_they_propose() {
+        let mut p = profile(vec![1.0, 1.1, 1.2, 1.3]);
+        p.draft_by_len = Some(vec![0.1, 0.2, 0.5]);
+        p.draft = Some(0.5);
+        p.draft_sampled = Some(0.9);
+        p.draft_by_len_sampled = Some(vec![0.3, 0.6, 0.9]);
+        let close = |a: Vec<f32>, b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6) && a.len() == b.len();
+        // n = 1 (a plain step) still proposes one draft; n past the block proposes the block.
+        assert!(close(p.round_cost(true, true), &[1.1, 1.3, 1.7, 1.8]), "{:?}", p.round_cost(true, true));
+        assert!(close(p.round_cost(false, true), &[1.3, 1.7, 2.1, 2.2]), "{:?}", p.round_cost(false, true));
+        assert!(
+            close(p.round_cost(true, false), &[1.5, 1.6, 1.7, 1.8]),
+            "whole blocks: {:?}",
+            p.round_cost(true, false)
+        );
+        let mut stale = profile(vec![1.0, 1.1]);
+        stale.draft_by_len = None;
+        assert!(close(stale.round_cost(true, true), &[1.5, 1.6]), "older files price the whole block");
     }
 
     #[test]
@@ -333,6 +406,11 @@ mod tests {
         std::fs::write(d.join(PROFILE_FILE), body).unwrap();
         let e = load(&d, "cpu-float32").unwrap_err().to_string();
         assert!(e.contains("profiles.cpu-float32.cost"), "{e}");
+        let body = r#"{"format":"dspark-verify-profile","version":1,"profiles":{"cpu-float32":
+            {"cost":[1.0,1.1],"decodeMs":1.0,"context":8,"taps":[],"repeats":1,"draftByLen":[]}}}"#;
+        std::fs::write(d.join(PROFILE_FILE), body).unwrap();
+        let e = load(&d, "cpu-float32").unwrap_err().to_string();
+        assert!(e.contains("profiles.cpu-float32.draftByLen"), "{e}");
         let _ = std::fs::remove_dir_all(&d);
     }
 }

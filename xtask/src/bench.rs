@@ -286,14 +286,18 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
     std::fs::create_dir_all(root)?;
     let check = mlx_core::blas::sgemm_check(1024, 5)?;
     println!(
-        "bench: MLX {} on {:?} | BLAS {} | f32 1024² matmul {:.1} GFLOP/s | row quantum {} | {} CPU threads",
+        "bench: MLX {} on {:?} | BLAS {}{} | f32 1024² matmul {:.1} GFLOP/s | row quantum {} | {} CPU threads",
         mlx_core::mlx_version(),
         Device::default_device()?,
         mlx_core::blas::linked().unwrap_or("bundled reference"),
+        mlx_core::blas::openblas_core().map(|c| format!(" ({c} kernels)")).unwrap_or_default(),
         check.gflops,
         mlx_core::blas::row_quantum(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
+    if let Some(why) = mlx_core::blas::openblas_fallback() {
+        println!("warning: {why}");
+    }
     let cfg = mid_config(quick)?;
     let (name, mid) = mid_checkpoint(root, quick)?;
     let q4 = root.join(format!("{name}-q4"));
@@ -656,21 +660,24 @@ pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
     let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;
     let gamma = drafter.gamma();
     let key = spec_decode::profile::profile_key(Device::default_device()?, &model);
+    // A profile that prices rounds differently from this drafter (other taps, or whole blocks
+    // only) is measured again.
     let profile = match spec_decode::profile::load(&dir, &key)? {
-        Some(p) => p,
-        None => {
+        Some(p) if p.mismatch(drafter.as_ref(), &model).is_none() => p,
+        _ => {
             let p = spec_decode::profile::measure(&model, Some(drafter.as_mut()), gamma + 1, 64, 7)?;
             spec_decode::profile::store(&dir, &key, &p)?;
             p
         }
     };
     let cost: Vec<String> = profile.cost.iter().map(|v| format!("{v:.2}")).collect();
+    let steps = |d: &Option<Vec<f32>>| d.iter().flatten().map(|v| format!("{v:.2}")).collect::<Vec<_>>().join(", ");
     println!(
-        "\nverify-cost profile {key}: v(1..={}) = [{}]; proposing a block: {:?} steps greedy, {:?} sampled",
+        "\nverify-cost profile {key}: v(1..={}) = [{}]; proposing 1..={gamma} drafts: [{}] steps greedy, [{}] sampled",
         profile.cost.len(),
         cost.join(", "),
-        profile.draft,
-        profile.draft_sampled
+        steps(&profile.draft_by_len),
+        steps(&profile.draft_by_len_sampled)
     );
     let mut rows = Vec::new();
     for (mode, sampler) in
@@ -681,9 +688,12 @@ pub fn schedules(n: usize, max_tokens: usize) -> Result<Value> {
             .with_context(|| format!("the default drafter has no {mode} calibration (dspark calibrate)"))?;
         let mut settings: Vec<(String, Option<usize>, Pruning)> =
             (1..=gamma).map(|g| (format!("static γ {g}"), Some(g), Pruning::Off)).collect();
-        let plan = ThroughputPlan::new(temps, profile.round_cost(sampler.is_greedy()));
-        // The schedule proposing the whole block every round, to show what the draft cap saves.
-        settings.push(("throughput, whole block".into(), None, Pruning::Throughput(plan.clone().without_draft_cap())));
+        let greedy = sampler.is_greedy();
+        let plan = ThroughputPlan::new(temps.clone(), profile.round_cost(greedy, true));
+        // The schedule proposing the whole block every round (and pricing rounds so), to show
+        // what the draft cap saves.
+        let whole = ThroughputPlan::new(temps, profile.round_cost(greedy, false)).without_draft_cap();
+        settings.push(("throughput, whole block".into(), None, Pruning::Throughput(whole)));
         settings.push(("throughput".into(), None, Pruning::Throughput(plan)));
         // Full blocks with the schedule's one host read of the confidences before the verify
         // (nothing pruned): what that read costs on its own.
