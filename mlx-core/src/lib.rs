@@ -23,6 +23,7 @@ mod io;
 mod ops;
 pub mod quant;
 pub mod random;
+pub mod row_confidence;
 pub mod row_sample;
 mod sys;
 

@@ -172,6 +172,8 @@ pub(crate) mod ffi {
             top_k: i32,
         ) -> Result<UniquePtr<Array>>;
         fn row_draw(weights: &Array, u: &Array, residual_of: &ArrayList, empty_mass: f32) -> Result<UniquePtr<Array>>;
+        // ---- a logistic head over rows and their laws in one node (row_confidence.cc) ----
+        fn row_confidence(parts: &ArrayList, w: &Array, b: &Array, law_of: &ArrayList) -> Result<UniquePtr<Array>>;
     }
 
     extern "Rust" {

@@ -104,6 +104,9 @@ bool row_linear_paths_agree(int M, int K, int N);
 // segments[i] pairs k, v [B, Hkv, L, D] taken in order (inputs: q, then row 0's pairs, row 1's,
 // …), with every row's bits independent of n and of how its keys are cut (row_attention.cc).
 ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segments, float scale);
+// σ(Σ_j parts_j[r]·w_j + (log max softmax, entropy)(logits[r])·w_law + b) per row r, one node;
+// `law_of` holds zero or one logits [R, V] (row_confidence.cc). All float32.
+ArrayPtr row_confidence(const ArrayList& parts, const Array& w, const Array& b, const ArrayList& law_of);
 // The filtered, tempered distribution of each row of f32 logits [R, V] (mlx-lm's order: top-p,
 // min-p, top-k on the logprobs, then 1/T), one node (row_sample.cc). min_p 0 and top_k 0 are off.
 ArrayPtr row_probs(const Array& logits, float inv_t, double top_p, double min_p, int32_t min_keep, int32_t top_k);

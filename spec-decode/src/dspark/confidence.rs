@@ -46,3 +46,53 @@ pub fn inputs(h: &Array, e1: &Array, logits: &Array, law: bool) -> Result<Array>
 pub fn head(x: &Array, w: &Array, b: &Array) -> Result<Array> {
     Ok(x.matmul(w)?.add(b)?.sigmoid()?.squeeze(-1)?)
 }
+
+/// A proposed block's confidences, `head(inputs(h, e1, logits, law), w, b)` // `[n, D]`,
+/// `[n, r]`, `[n, V]` -> `[n]`. On the CPU in f32 it is one kernel (`mlx_core::row_confidence`):
+/// composed, its ~15 small nodes cost about 4% of a round of the default pair, paid before
+/// every verify the schedule reads them for. The values agree to rounding, and the window only
+/// needs them to be a function of the block.
+pub fn score(h: &Array, e1: &Array, logits: &Array, law: bool, w: &Array, b: &Array) -> Result<Array> {
+    let all_f32 = [h, e1, w, b].iter().all(|a| a.dtype() == Dtype::F32);
+    if all_f32 && mlx_core::blas::row_kernels_for(logits)? {
+        return Ok(mlx_core::row_confidence::confidence(&[h, e1], w, b, law.then_some(logits))?);
+    }
+    head(&inputs(h, e1, logits, law)?, w, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_core::random;
+
+    #[test]
+    fn the_one_node_score_is_the_composed_head() {
+        let key = |i| random::key(i).unwrap();
+        let (n, d, r, v) = (5, 24, 6, 300);
+        let h = random::normal(&[n, d], Dtype::F32, 0.0, 1.0, &key(1)).unwrap();
+        let e1 = random::normal(&[n, r], Dtype::F32, 0.0, 1.0, &key(2)).unwrap();
+        // Rows from flat to peaked, so the law features vary.
+        let scale = Array::from_slice(&[0.1f32, 1.0, 3.0, 8.0, 20.0], &[n, 1]).unwrap();
+        let logits = random::normal(&[n, v], Dtype::F32, 0.0, 1.0, &key(3)).unwrap().multiply(&scale).unwrap();
+        let b = Array::from_slice(&[0.3f32], &[1]).unwrap();
+        for law in [false, true] {
+            let width = d + r + if law { LAW_FEATURES as i32 } else { 0 };
+            let w = random::normal(&[width, 1], Dtype::F32, 0.0, 0.2, &key(4)).unwrap();
+            let composed: Vec<f32> = head(&inputs(&h, &e1, &logits, law).unwrap(), &w, &b).unwrap().to_vec().unwrap();
+            let kernel = mlx_core::row_confidence::confidence(&[&h, &e1], &w, &b, law.then_some(&logits)).unwrap();
+            let kernel: Vec<f32> = kernel.to_vec().unwrap();
+            assert_eq!(kernel.len(), n as usize);
+            for (k, c) in kernel.iter().zip(&composed) {
+                assert!((k - c).abs() < 1e-5, "law {law}: {kernel:?} vs {composed:?}");
+            }
+            // `score` takes one of the two forms.
+            let scored: Vec<f32> = score(&h, &e1, &logits, law, &w, &b).unwrap().to_vec().unwrap();
+            assert!(scored == kernel || scored == composed, "law {law}: {scored:?}");
+            assert!(composed.iter().any(|c| (c - composed[0]).abs() > 1e-3), "the rows must differ: {composed:?}");
+        }
+        // A weight vector of the wrong width is refused, not read past its end.
+        let short = random::normal(&[d + r, 1], Dtype::F32, 0.0, 0.2, &key(4)).unwrap();
+        let e = mlx_core::row_confidence::confidence(&[&h, &e1], &short, &b, Some(&logits)).unwrap_err();
+        assert!(e.to_string().contains("weights"), "{e}");
+    }
+}

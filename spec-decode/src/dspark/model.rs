@@ -551,12 +551,12 @@ impl Drafter for DSparkDrafter {
             (Some((w, b)), true) => (w, b),
             _ => (&self.w.conf_w, &self.w.conf_b),
         };
-        let x = super::confidence::inputs(&block, &concatenate(&e1s, 0)?, &logits, self.cfg.conf_law)?;
+        let confidence = super::confidence::score(&block, &concatenate(&e1s, 0)?, &logits, self.cfg.conf_law, cw, cb)?;
         Ok(Proposal {
             tokens: concatenate(&tokens, 0)?,
             logits: Some(logits),
             q: if qs.is_empty() { None } else { Some(concatenate(&qs, 0)?) },
-            confidence: Some(super::confidence::head(&x, cw, cb)?), // [n]
+            confidence: Some(confidence), // [n]
         })
     }
 
