@@ -7,6 +7,7 @@
 // a matmul, a sigmoid), each ~20 µs of scheduling on a CPU whatever its size: about 4% of a round
 // of the default pair. Here it is one pass over each row's logits.
 #include "mlx-core/src/sys/shim.h"
+#include "mlx-core/src/sys/row_inputs.h"
 
 #include <cmath>
 #include <limits>
@@ -44,18 +45,8 @@ class RowConfidence : public mx::UnaryPrimitive {
   RowConfidence(mx::Stream s, int parts, bool law) : mx::UnaryPrimitive(s), parts_(parts), law_(law) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (const auto& a : inputs) {
-      if (!a.flags().row_contiguous) throw std::invalid_argument("RowConfidence: inputs must be row-contiguous");
-    }
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> held;
-    for (const auto& a : inputs) {
-      enc.set_input_array(a);
-      held.push_back(mx::array::unsafe_weak_copy(a));
-    }
-    enc.set_output_array(out);
-    enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), parts = parts_, law = law_]() mutable {
+    auto held = hold_row_inputs(inputs, out, stream(), "RowConfidence");
+    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), parts = parts_, law = law_]() mutable {
       const float* w = held[parts].data<float>();
       const float b = held[parts + 1].data<float>()[0];
       const size_t R = out.size();

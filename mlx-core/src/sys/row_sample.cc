@@ -10,6 +10,7 @@
 // then 1/T, then softmax. The law is the composed pipeline's; only the rounding of the sums
 // differs (and which of several exactly equal values a top-k or min-p keep-count keeps).
 #include "mlx-core/src/sys/shim.h"
+#include "mlx-core/src/sys/row_inputs.h"
 
 #include <algorithm>
 #include <cmath>
@@ -196,18 +197,8 @@ class RowDraw : public mx::UnaryPrimitive {
   RowDraw(mx::Stream s, float empty_mass) : mx::UnaryPrimitive(s), empty_mass_(empty_mass) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    for (const auto& a : inputs) {
-      if (!a.flags().row_contiguous) throw std::invalid_argument("RowDraw: inputs must be row-contiguous");
-    }
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> held;
-    for (const auto& a : inputs) {
-      enc.set_input_array(a);
-      held.push_back(mx::array::unsafe_weak_copy(a));
-    }
-    enc.set_output_array(out);
-    enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), eps = empty_mass_]() mutable {
+    auto held = hold_row_inputs(inputs, out, stream(), "RowDraw");
+    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), eps = empty_mass_]() mutable {
       const mx::array& u = held[0];
       const mx::array& w = held[1];
       const int V = w.shape(-1);
