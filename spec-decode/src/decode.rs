@@ -26,6 +26,7 @@ use mlx_core::{concatenate, Array};
 
 use crate::calibration::ConfSample;
 use crate::draft_cap::DraftCap;
+use crate::request_rate::RequestRate;
 use crate::drafter::{DraftRequest, DraftSampling, Drafter};
 use crate::error::{Error, Result};
 use crate::rule::VerifyRule;
@@ -347,6 +348,8 @@ pub struct SpecRounds {
     cut: Option<Cut>,
     /// Under the throughput schedule: how many drafts to propose, from recent windows.
     draft_cap: Option<DraftCap>,
+    /// Under the throughput schedule: tokens per decode step so far, which prices each draft.
+    rate: RequestRate,
     taps: TapSet,
     greedy: bool,
     stats: SpecStats,
@@ -418,6 +421,7 @@ impl SpecRounds {
                 _ => None,
             },
             cut,
+            rate: RequestRate::default(),
             taps,
             greedy: gen.sampler.is_greedy(),
             stats,
@@ -521,7 +525,7 @@ impl SpecRounds {
             if let (Some(cut), Some(conf)) = (&self.cut, &p.confidence) {
                 let c = conf.to_f32_vec()?;
                 stats.host_syncs += 1;
-                keep = cut.kept(&c).min(keep);
+                keep = cut.kept(&c, self.rate.rate()).min(keep);
                 if let Some(cap) = &mut self.draft_cap {
                     cap.record(offered, keep);
                 }
@@ -565,6 +569,9 @@ impl SpecRounds {
             on_token(t);
             (tokens.len() >= gen.max_tokens).then_some(FinishReason::Length)
         };
+        if let Some(Cut::Throughput(plan)) = &self.cut {
+            self.rate.record(verdict.accepted + 1, plan.cost.get(d).copied().unwrap_or(f32::NAN));
+        }
         if proposal.is_some() {
             stats.record_round(d, verdict.accepted);
         } else {

@@ -34,6 +34,7 @@ pub mod oracle;
 pub mod probs;
 pub mod profile;
 pub mod reliability;
+pub mod request_rate;
 mod rule;
 pub mod schedule;
 pub mod stats;

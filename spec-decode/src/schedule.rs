@@ -38,13 +38,30 @@ pub struct ThroughputPlan {
     /// Propose only a little more than recent windows used ([`crate::draft_cap`]); on by
     /// default, off to measure what it saves.
     pub draft_cap: bool,
+    /// Price drafts at the request's achieved rate ([`crate::throughput::rate_window`]) once it
+    /// is known; off: every round maximises its own ratio (the paper's Algorithm 1 as stated).
+    pub rate_rule: bool,
+    /// The rate to use before the request has one of its own (the gate sets it so its
+    /// single-round samples run the rate rule); `None` uses the round's own ratio until then.
+    pub rate_seed: Option<f64>,
     /// Choose the window after seeing every confidence (biased; the statistical gate only).
     pub(crate) look_ahead: bool,
 }
 
 impl ThroughputPlan {
     pub fn new(sts: crate::sts::Sts, cost: Vec<f32>) -> ThroughputPlan {
-        ThroughputPlan { sts, cost, draft_cap: true, look_ahead: false }
+        ThroughputPlan { sts, cost, draft_cap: true, rate_rule: true, rate_seed: None, look_ahead: false }
+    }
+
+    /// The same plan with each round maximising its own expected throughput (the paper's
+    /// Algorithm 1 as stated), for comparison.
+    pub fn per_round_ratio(self) -> ThroughputPlan {
+        ThroughputPlan { rate_rule: false, ..self }
+    }
+
+    /// The same plan using `rate` tokens per step before the request has measured its own.
+    pub fn with_rate_seed(self, rate: f64) -> ThroughputPlan {
+        ThroughputPlan { rate_seed: Some(rate), ..self }
     }
 
     /// The same plan proposing the whole block every round.
@@ -64,13 +81,16 @@ impl ThroughputPlan {
         self.look_ahead
     }
 
-    /// Drafts to verify for a block with these confidences (0 = a plain decode step).
-    pub fn window(&self, conf: &[f32]) -> usize {
+    /// Drafts to verify for a block with these confidences (0 = a plain decode step); `rate`
+    /// is the request's tokens per step so far, if known.
+    pub fn window(&self, conf: &[f32], rate: Option<f64>) -> usize {
         let survival = self.sts.survivals_of_confidences(conf);
         if self.look_ahead {
-            crate::throughput::look_ahead_window(&survival, &self.cost)
-        } else {
-            crate::throughput::throughput_window(&survival, &self.cost)
+            return crate::throughput::look_ahead_window(&survival, &self.cost);
+        }
+        match rate.or(self.rate_seed) {
+            Some(r) if self.rate_rule => crate::throughput::rate_window(&survival, &self.cost, r),
+            _ => crate::throughput::throughput_window(&survival, &self.cost),
         }
     }
 }
@@ -84,11 +104,12 @@ pub enum Cut {
 }
 
 impl Cut {
-    /// Drafts kept of a block with confidences `conf`.
-    pub fn kept(&self, conf: &[f32]) -> usize {
+    /// Drafts kept of a block with confidences `conf` (`rate`: the request's tokens per step
+    /// so far, which only the throughput schedule reads).
+    pub fn kept(&self, conf: &[f32], rate: Option<f64>) -> usize {
         match self {
             Cut::Thresholds(t) => kept_len(conf, t),
-            Cut::Throughput(p) => p.window(conf),
+            Cut::Throughput(p) => p.window(conf, rate),
         }
     }
 }
@@ -208,8 +229,11 @@ mod tests {
         assert!(bad_t.resolve(None, 3).unwrap_err().to_string().contains("temperature"));
         let Some(cut) = plan(vec![1.0, 1.5, 1.6]).resolve(None, 3).unwrap() else { panic!("no cut") };
         // σ(z) confidences: 0.4 alone does not pay for v(2) = 1.5; 0.8 does.
-        assert_eq!(cut.kept(&[0.4, 0.99]), 0);
-        assert_eq!(cut.kept(&[0.8, 0.01]), 1);
-        assert_eq!(cut.kept(&[0.8, 0.99]), 2);
+        assert_eq!(cut.kept(&[0.4, 0.99], None), 0);
+        assert_eq!(cut.kept(&[0.8, 0.01], None), 1);
+        assert_eq!(cut.kept(&[0.8, 0.99], None), 2);
+        // At a request rate of 1.5 tokens a step the first draft must beat 1.5 · 0.5.
+        assert_eq!(cut.kept(&[0.7, 0.99], Some(1.5)), 0);
+        assert_eq!(cut.kept(&[0.8, 0.99], Some(1.5)), 2);
     }
 }

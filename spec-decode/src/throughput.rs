@@ -33,6 +33,40 @@ pub fn throughput_window(survival: &[f32], cost: &[f32]) -> usize {
     window
 }
 
+/// The window that maximises the request's long-run throughput rather than this round's: with
+/// `rate` λ the tokens per decode step the request has achieved so far, admit position j while
+/// its survival pays for its marginal cost at that rate, a_j > λ · (v(j + 2) − v(j + 1)), and
+/// stop at the first that does not (the same early stop, so still a stopping time).
+///
+/// Why not the round's own ratio: tokens per step over many rounds is Σ tokens / Σ cost, which
+/// is maximised by maximising each round's tokens − λ* · cost at the best achievable λ*
+/// (fractional programming), not each round's own ratio. The per-round ratio is strictest in
+/// the rounds whose early drafts are most likely accepted (their ratio is high) and most lenient
+/// in the unlikely ones, the opposite of what the confidences are for.
+pub fn rate_window(survival: &[f32], cost: &[f32], rate: f64) -> usize {
+    if !(rate.is_finite() && rate > 0.0) {
+        return throughput_window(survival, cost);
+    }
+    let Some(&base) = cost.first() else { return 0 };
+    if !(base.is_finite() && base > 0.0) {
+        return 0;
+    }
+    let mut window = 0;
+    let mut prev = base as f64;
+    for (j, &a) in survival.iter().enumerate() {
+        let Some(&v) = cost.get(j + 1) else { break };
+        if !(a.is_finite() && a > 0.0 && v.is_finite() && v > 0.0) {
+            break;
+        }
+        if a as f64 <= rate * (v as f64 - prev) {
+            break;
+        }
+        prev = v as f64;
+        window = j + 1;
+    }
+    window
+}
+
 /// The window a look-ahead scheduler picks: the ℓ with the best Θ(ℓ) after seeing every
 /// survival (ties: the shorter). Deciding whether to verify draft j from confidences that
 /// depend on draft j itself biases speculative sampling; this exists only so the statistical
@@ -96,6 +130,27 @@ mod tests {
         assert_eq!(throughput_window(&[0.4, 0.396], &cost), 0);
         assert_eq!(look_ahead_window(&[0.4, 0.396], &cost), 2);
         assert_eq!(look_ahead_window(&[0.4, 0.004], &cost), 0);
+    }
+
+    #[test]
+    fn the_rate_rule_prices_each_draft_at_the_request_rate() {
+        // Marginal costs 0.05: at λ = 3 a draft pays above 0.15, whatever the round's own ratio.
+        assert_eq!(rate_window(&[0.9, 0.8, 0.7, 0.16, 0.1], &FLAT, 3.0), 4);
+        assert_eq!(rate_window(&[0.9, 0.8, 0.14, 0.9], &FLAT, 3.0), 2, "stops at the first that does not pay");
+        // A likely block the per-round ratio cuts early (its Θ is already high) goes on.
+        let likely = [0.95, 0.9, 0.85, 0.8, 0.75, 0.2, 0.15];
+        assert_eq!(throughput_window(&likely, &FLAT), 5);
+        assert_eq!(rate_window(&likely, &FLAT, 2.0), 7);
+        // An unlikely one the per-round ratio admits (its Θ is low) is cut.
+        let unlikely = [0.3, 0.1, 0.06];
+        assert_eq!(throughput_window(&unlikely, &FLAT), 2);
+        assert_eq!(rate_window(&unlikely, &FLAT, 2.5), 1);
+        // Leading prefixes only, never a zero survival, a cliff stops it, never past the block.
+        assert_eq!(rate_window(&[0.9, 0.0, 0.9], &[1.0, 1.0, 1.0, 1.0], 2.0), 1);
+        assert_eq!(rate_window(&[0.95, 0.9, 0.85, 0.8], &[1.0, 1.05, 1.1, 3.0, 3.05], 2.0), 2);
+        assert_eq!(rate_window(&[0.99; 3], &FLAT, 2.0), 3);
+        assert_eq!(rate_window(&[0.3, 0.9], &[1.0, 1.5, 1.6], 1.0), 0, "0.3 < 1 · 0.5: no draft pays");
+        assert_eq!(rate_window(&[0.3, 0.9], &[1.0, 1.5, 1.6], f64::NAN), 0, "no rate: the per-round ratio");
     }
 
     #[test]

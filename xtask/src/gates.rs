@@ -592,7 +592,10 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     let conditions = [
         // T ≠ 1 without filters: the rows skip the logsumexp (spec_decode::probs).
         (0.8f64, false, Pruning::MinConf(median), VerifyRule::Exact),
-        (0.7, true, Pruning::Throughput(plan.clone()), VerifyRule::Exact),
+        // Priced at a request rate of 1 token a step (the rate rule, which a request uses after
+        // its first rounds): the same windows as the per-round ratio here (none after 0.4; one,
+        // or two when the first draft is favoured, after 0.8), through the rate rule's code.
+        (0.7, true, Pruning::Throughput(plan.clone().with_rate_seed(1.0)), VerifyRule::Exact),
         (0.7, true, Pruning::Throughput(plan.look_ahead()), VerifyRule::Exact),
         (1.0, false, Pruning::Off, VerifyRule::AcceptAll),
     ];

@@ -51,6 +51,10 @@ enum Cmd {
         /// full blocks and every static γ, greedy and T = 1 (20 held-out prompts × 128 tokens).
         #[arg(long)]
         schedules: bool,
+        /// With --schedules: run every setting this many times over (interleaved), and print
+        /// the throughput schedule's ratio to the best static γ per pass.
+        #[arg(long, default_value_t = 1)]
+        passes: usize,
         /// Only the CPU fast path's cost targets on the mid-size checkpoint in f32: v(k), the
         /// drafter's round by context length, prefill of 4,096 tokens with and without a drafter.
         #[arg(long)]
@@ -133,8 +137,8 @@ fn main() -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(())
         }
-        Cmd::Bench { schedules: true, dir, .. } => {
-            let r = bench::schedules(20, 128)?;
+        Cmd::Bench { schedules: true, dir, passes, .. } => {
+            let r = bench::schedules(20, 128, passes)?;
             let dir = dir.unwrap_or_else(|| target_dir().join("bench"));
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("schedules.json"), serde_json::to_string_pretty(&r)?)?;
