@@ -26,9 +26,9 @@ use mlx_core::{concatenate, Array};
 
 use crate::calibration::ConfSample;
 use crate::draft_cap::DraftCap;
-use crate::request_rate::RequestRate;
 use crate::drafter::{DraftRequest, DraftSampling, Drafter};
 use crate::error::{Error, Result};
+use crate::request_rate::RequestRate;
 use crate::rule::VerifyRule;
 use crate::schedule::{Cut, Pruning};
 use crate::stats::SpecStats;
