@@ -18,7 +18,8 @@ pub enum Schedule {
     Auto,
     /// Verify every draft of the block (or what --min-conf / --calibrated keep).
     Full,
-    /// Algorithm 1: admit drafts while the expected tokens per unit of verify cost improve.
+    /// Algorithm 1 with its early stop: admit drafts while each one's calibrated survival pays
+    /// for its round cost at the tokens per step the request has achieved so far.
     Throughput,
 }
 

@@ -667,7 +667,7 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
             match pruning {
                 Pruning::MinConf(c) => format!("min_conf {c:.3}"),
                 Pruning::Throughput(_) if look_ahead => "throughput, LOOK-AHEAD (biased)".to_string(),
-                Pruning::Throughput(_) => "throughput (early stop)".to_string(),
+                Pruning::Throughput(_) => "throughput (early stop, priced at rate 1)".to_string(),
                 _ => "off".to_string(),
             },
             if *rule == VerifyRule::AcceptAll { "BROKEN (accept all)" } else { "exact" },
