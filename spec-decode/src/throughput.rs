@@ -4,7 +4,9 @@
 //! Θ(ℓ) = (1 + Σ_{j≤ℓ} a_j) / v(1 + ℓ) improves, and stop at the first position that does not
 //! improve it. Stopping there (never looking past a non-improving position) makes the window a
 //! stopping time of the drafts already seen, which keeps speculative sampling exact; choosing
-//! the window after seeing every confidence would not be.
+//! the window after seeing every confidence would not be. [`rate_window`] is the same early stop
+//! with each draft priced at the request's achieved rate instead of the round's own ratio; the
+//! loop uses it once a request has that rate.
 
 /// The number of drafts to verify (0 = a plain decode step) for a block whose survivals are
 /// `survival[j]` (position j, 0-based) under verify costs `cost[n - 1]` = v(n), n = 1, 2, ….
