@@ -19,7 +19,8 @@ pub enum Schedule {
     /// Verify every draft of the block (or what --min-conf / --calibrated keep).
     Full,
     /// Algorithm 1 with its early stop: admit drafts while each one's calibrated survival pays
-    /// for its round cost at the tokens per step the request has achieved so far.
+    /// for its marginal round cost at the tokens per step the request has achieved so far (the
+    /// round's own expected throughput for the first two rounds).
     Throughput,
 }
 

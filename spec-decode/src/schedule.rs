@@ -135,6 +135,9 @@ impl Pruning {
                 return Err(bad(format!("verify cost {v} in the profile: expected positive costs")));
             }
             plan.sts.check().map_err(bad)?;
+            if let Some(r) = plan.rate_seed.filter(|r| !(r.is_finite() && *r > 0.0)) {
+                return Err(bad(format!("rate seed {r}: expected a positive number of tokens per decode step")));
+            }
             return Ok(Some(Cut::Throughput(plan.clone())));
         }
         Ok(self.thresholds(calibrated, gamma)?.map(Cut::Thresholds))
@@ -227,6 +230,10 @@ mod tests {
         let bad_t =
             Pruning::Throughput(ThroughputPlan::new(crate::sts::Sts::with_temperatures(vec![0.0]), vec![1.0, 1.1]));
         assert!(bad_t.resolve(None, 3).unwrap_err().to_string().contains("temperature"));
+        let bad_seed = Pruning::Throughput(
+            ThroughputPlan::new(crate::sts::Sts::identity(3), vec![1.0, 1.1]).with_rate_seed(f64::NAN),
+        );
+        assert!(bad_seed.resolve(None, 3).unwrap_err().to_string().contains("rate seed"));
         let Some(cut) = plan(vec![1.0, 1.5, 1.6]).resolve(None, 3).unwrap() else { panic!("no cut") };
         // σ(z) confidences: 0.4 alone does not pay for v(2) = 1.5; 0.8 does.
         assert_eq!(cut.kept(&[0.4, 0.99], None), 0);

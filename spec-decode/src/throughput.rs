@@ -36,7 +36,7 @@ pub fn throughput_window(survival: &[f32], cost: &[f32]) -> usize {
 }
 
 /// The window that maximises the request's long-run throughput rather than this round's: with
-/// `rate` λ the tokens per decode step the request has achieved so far, admit position j while
+/// `rate` λ the tokens per decode step the request has achieved so far, admit position j (0-based) while
 /// its survival pays for its marginal cost at that rate, a_j > λ · (v(j + 2) − v(j + 1)), and
 /// stop at the first that does not (the same early stop, so still a stopping time).
 ///
