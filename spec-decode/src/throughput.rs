@@ -12,33 +12,14 @@
 /// `survival[j]` (position j, 0-based) under verify costs `cost[n - 1]` = v(n), n = 1, 2, ….
 /// Never longer than the block or the profile allows; never admits a survival ≤ 0.
 pub fn throughput_window(survival: &[f32], cost: &[f32]) -> usize {
-    let Some(&base) = cost.first() else { return 0 };
-    if !(base.is_finite() && base > 0.0) {
-        return 0;
-    }
-    let mut expected = 1f64; // tokens a round emits: the bonus/correction plus accepted drafts
-    let mut best = expected / base as f64;
-    let mut window = 0;
-    for (j, &a) in survival.iter().enumerate() {
-        let Some(&v) = cost.get(j + 1) else { break };
-        if !(a.is_finite() && a > 0.0 && v.is_finite() && v > 0.0) {
-            break;
-        }
-        let theta = (expected + a as f64) / v as f64;
-        if theta <= best {
-            break;
-        }
-        best = theta;
-        expected += a as f64;
-        window = j + 1;
-    }
-    window
+    early_stop_window(survival, cost, None)
 }
 
 /// The window that maximises the request's long-run throughput rather than this round's: with
-/// `rate` λ the tokens per decode step the request has achieved so far, admit position j (0-based) while
-/// its survival pays for its marginal cost at that rate, a_j > λ · (v(j + 2) − v(j + 1)), and
-/// stop at the first that does not (the same early stop, so still a stopping time).
+/// `rate` λ the tokens per decode step the request has achieved so far, admit position j (0-based)
+/// while its survival pays for its marginal cost at that rate, a_j > λ · (v(j + 2) − v(j + 1)),
+/// and stop at the first that does not (the same early stop, so still a stopping time). A rate
+/// that is not positive and finite falls back to [`throughput_window`].
 ///
 /// Why not the round's own ratio: tokens per step over many rounds is Σ tokens / Σ cost, which
 /// is maximised by maximising each round's tokens − λ* · cost at the best achievable λ*
@@ -46,23 +27,30 @@ pub fn throughput_window(survival: &[f32], cost: &[f32]) -> usize {
 /// the rounds whose early drafts are most likely accepted (their ratio is high) and most lenient
 /// in the unlikely ones, the opposite of what the confidences are for.
 pub fn rate_window(survival: &[f32], cost: &[f32], rate: f64) -> usize {
-    if !(rate.is_finite() && rate > 0.0) {
-        return throughput_window(survival, cost);
-    }
+    early_stop_window(survival, cost, (rate.is_finite() && rate > 0.0).then_some(rate))
+}
+
+/// Both rules are one early stop: admit position j while a_j > price · (v(j + 2) − v(j + 1)).
+/// Θ improves exactly when the price is the round's own Θ so far, since (E + a) / v′ > E / v
+/// ⇔ a > (E / v) · (v′ − v) for positive costs; the rate rule fixes the price at `rate`.
+fn early_stop_window(survival: &[f32], cost: &[f32], rate: Option<f64>) -> usize {
     let Some(&base) = cost.first() else { return 0 };
     if !(base.is_finite() && base > 0.0) {
         return 0;
     }
+    let mut expected = 1f64; // tokens a round emits: the bonus/correction plus accepted drafts
+    let mut prev = base as f64; // cost of the window admitted so far
     let mut window = 0;
-    let mut prev = base as f64;
     for (j, &a) in survival.iter().enumerate() {
         let Some(&v) = cost.get(j + 1) else { break };
         if !(a.is_finite() && a > 0.0 && v.is_finite() && v > 0.0) {
             break;
         }
-        if a as f64 <= rate * (v as f64 - prev) {
+        let price = rate.unwrap_or(expected / prev);
+        if a as f64 <= price * (v as f64 - prev) {
             break;
         }
+        expected += a as f64;
         prev = v as f64;
         window = j + 1;
     }

@@ -703,7 +703,6 @@ pub fn schedules(n: usize, max_tokens: usize, passes: usize) -> Result<Value> {
         // (nothing pruned): what that read costs on its own.
         settings.push((format!("static γ {gamma}, confidences read"), Some(gamma), Pruning::Thresholds(vec![])));
         let mut plain_ms = 0.0;
-        let mut ms = vec![0.0f64; settings.len()];
         // Per pass, per setting: the same prompts and seeds each pass, so passes differ only by
         // timing noise, and their spread shows how far one pass can be trusted.
         let mut pass_ms = vec![vec![0.0f64; settings.len()]; passes];
@@ -719,13 +718,12 @@ pub fn schedules(n: usize, max_tokens: usize, passes: usize) -> Result<Value> {
                     if sampler.is_greedy() && s.tokens != g.tokens {
                         bail!("{}: greedy output differs from plain decoding on held-out prompt {i}", settings[k].0);
                     }
-                    let t = s.stats.prefill_ms + s.stats.decode_ms;
-                    ms[k] += t;
-                    pass[k] += t;
+                    pass[k] += s.stats.prefill_ms + s.stats.decode_ms;
                     stats[k].absorb(&s.stats);
                 }
             }
         }
+        let ms: Vec<f64> = (0..settings.len()).map(|k| pass_ms.iter().map(|p| p[k]).sum()).collect();
         let rate = |t: f64| (passes * n * max_tokens) as f64 / (t / 1e3).max(1e-9);
         let best_static = (0..gamma).max_by(|&a, &b| rate(ms[a]).total_cmp(&rate(ms[b]))).unwrap_or(0);
         println!(
