@@ -2,9 +2,9 @@
 //! its confidence head). Speculative runs on
 //! held-out prompts (greedy and sampled: acceptance differs) give, per verify round, the
 //! confidence logits of the drafts and how many were accepted. From them:
-//! - sequential temperature scaling (STS) per mode, fitted on half of the prompts and reported
-//!   on the other half (ECE, AUROC and Brier score of the survival per block position, before
-//!   and after), for the throughput schedule;
+//! - sequential temperature scaling (STS) and isotonic survival maps per mode, fitted on half
+//!   of the prompts and reported on the other half (ECE, AUROC and Brier score of the survival
+//!   per block position: raw, scaled, and after the maps), for the throughput schedule;
 //! - per-position precision thresholds (greedy rounds), for `--calibrated` pruning;
 //! - a reliability diagram (PNG).
 //!
@@ -69,12 +69,16 @@ pub struct Args {
     /// Precision of the pruning thresholds: P(accepted | confidence ≥ threshold), in (0, 1].
     #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
     target: f32,
-    /// Positions with fewer samples are never pruned and keep T = 1.
+    /// Positions with fewer samples are never pruned and keep T = 1 and no survival map.
     #[arg(long, default_value_t = 50, allow_negative_numbers = true)]
     min_samples: usize,
     /// The reliability diagram (default: reliability.png in the calibrated drafter's directory).
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Also write every verify round here, one JSON object a line (`temperature`, `prompt`,
+    /// `logits`, `accepted`), to study or refit the calibration without rerunning the decodes.
+    #[arg(long)]
+    rounds_out: Option<PathBuf>,
     /// Replace an existing calibration.
     #[arg(long)]
     force: bool,
@@ -165,6 +169,7 @@ struct ModeFit {
     label: String,
     fit: StsFit,
     before: Vec<PositionReport>,
+    scaled: Vec<PositionReport>,
     after: Vec<PositionReport>,
     held_out: Vec<RoundSample>,
     sts: Sts,
@@ -173,17 +178,20 @@ struct ModeFit {
 fn print_table(m: &ModeFit) {
     println!("\n{} — {} rounds fitted, {} held out", m.label, m.fit.rounds, m.held_out.len());
     println!(
-        "| position | T | rounds | ECE before | ECE after | AUROC before | AUROC after | Brier before | Brier after |"
+        "| position | T | b | rounds | ECE raw | ECE scaled | ECE after | AUROC before | AUROC after | Brier before \
+         | Brier after |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let au = |x: Option<f64>| x.map_or_else(|| "—".to_string(), |v| format!("{v:.3}"));
-    for (k, (b, a)) in m.before.iter().zip(&m.after).enumerate() {
+    for (k, ((b, s), a)) in m.before.iter().zip(&m.scaled).zip(&m.after).enumerate() {
         println!(
-            "| {} | {:.2} | {} | {:.2}% | {:.2}% | {} | {} | {:.4} | {:.4} |",
+            "| {} | {:.2} | {:.2} | {} | {:.2}% | {:.2}% | {:.2}% | {} | {} | {:.4} | {:.4} |",
             k + 1,
             m.fit.temperatures[k],
+            m.fit.shifts.get(k).copied().unwrap_or(0.0),
             b.rounds,
             100.0 * b.ece,
+            100.0 * s.ece,
             100.0 * a.ece,
             au(b.auroc),
             au(a.auroc),
@@ -290,6 +298,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut modes: Vec<ModeFit> = Vec::new();
     // Per-position samples for the pruning thresholds: greedy rounds when calibrating greedy.
     let mut threshold_samples = Vec::new();
+    let mut dump = String::new();
     for &temperature in &a.temperatures {
         let label = if temperature == 0.0 { "greedy".to_string() } else { format!("sampled, T = {temperature}") };
         let cfg = SpecConfig {
@@ -310,6 +319,15 @@ pub fn run(a: Args) -> Result<()> {
             let out = speculative_generate(&model, drafter.as_mut(), p, &cfg, |_| {})
                 .with_context(|| format!("calibration run {label}, prompt {}", i + 1))?;
             let rounds = rounds_from_samples(&out.conf_samples);
+            if a.rounds_out.is_some() {
+                for r in &rounds {
+                    let line = serde_json::json!({
+                        "temperature": temperature, "prompt": i, "logits": r.logits, "accepted": r.accepted,
+                    });
+                    dump.push_str(&line.to_string());
+                    dump.push('\n');
+                }
+            }
             if i % 2 == 0 { &mut fit_rounds } else { &mut held_out }.extend(rounds);
             if temperature == 0.0 || !a.temperatures.contains(&0.0) {
                 threshold_samples.extend(out.conf_samples);
@@ -326,18 +344,25 @@ pub fn run(a: Args) -> Result<()> {
         }
         let sts = Sts::fit(&fit_rounds, gamma, a.min_samples);
         let before = report(&Sts::identity(gamma), &held_out, gamma);
+        let scaled = report(&sts.scaling_only(), &held_out, gamma);
         let after = report(&sts, &held_out, gamma);
         let fit = StsFit {
             temperatures: sts.temperatures.clone(),
             shifts: sts.shifts.clone(),
             sampling_temperature: temperature as f32,
             rounds: fit_rounds.len(),
+            survival_maps: sts.maps.iter().map(|m| m.knots.clone()).collect(),
             ece_before: before.iter().map(|r| r.ece as f32).collect(),
+            ece_scaled: scaled.iter().map(|r| r.ece as f32).collect(),
             ece_after: after.iter().map(|r| r.ece as f32).collect(),
         };
-        let m = ModeFit { label, fit, before, after, held_out, sts };
+        let m = ModeFit { label, fit, before, scaled, after, held_out, sts };
         print_table(&m);
         modes.push(m);
+    }
+    if let Some(path) = &a.rounds_out {
+        crate::paths::write_atomically(path, dump.as_bytes())?;
+        println!("rounds written to {}", path.display());
     }
     let thresholds = fit_thresholds(&threshold_samples, gamma, a.target, a.min_samples);
     let mode =
@@ -364,7 +389,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut panels = Vec::new();
     for m in &modes {
         panels.push(panel(format!("{}: raw confidence", m.label), &Sts::identity(gamma), &m.held_out, gamma));
-        panels.push(panel(format!("{}: after STS", m.label), &m.sts, &m.held_out, gamma));
+        panels.push(panel(format!("{}: after STS and the isotonic maps", m.label), &m.sts, &m.held_out, gamma));
     }
     let png = a.plot.clone().unwrap_or_else(|| dest.join("reliability.png"));
     let title = format!("{}: survival vs all-accepted, held-out rounds", drafter.name());

@@ -21,6 +21,19 @@ pub enum OutDirError {
     Io { path: PathBuf, source: std::io::Error },
 }
 
+/// Writes `bytes` to `path` through a temporary sibling and a rename, so a reader never sees
+/// half a file.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow::anyhow!("moving {} to {}: {e}", tmp.display(), path.display())
+    })
+}
+
 /// `p` made absolute with symlinks resolved: the nearest existing ancestor is canonicalized and
 /// the rest (which does not exist yet, so has no links) appended with `.` and `..` applied.
 pub fn resolve(p: &Path) -> Result<PathBuf, OutDirError> {

@@ -214,18 +214,34 @@ fn calibrate_profile_and_the_throughput_schedule_end_to_end() {
             "24",
             "--min-samples",
             "5",
+            "--rounds-out",
+            s(&sc.join("rounds.jsonl")),
         ],
     ));
-    assert!(out.contains("ECE before") && out.contains("sampled, T = 1"), "{out}");
+    assert!(out.contains("ECE raw") && out.contains("ECE scaled") && out.contains("sampled, T = 1"), "{out}");
+    // Every verify round is written, both modes, as the fit saw it.
+    let rounds: Vec<serde_json::Value> = std::fs::read_to_string(sc.join("rounds.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for t in [0.0, 1.0] {
+        let mode: Vec<_> = rounds.iter().filter(|r| r["temperature"] == t).collect();
+        assert!(!mode.is_empty(), "no rounds at temperature {t}");
+        assert!(mode.iter().all(|r| r["accepted"].as_u64().unwrap() as usize <= r["logits"].as_array().unwrap().len()));
+    }
     let d: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(drafter.join("dspark.json")).unwrap()).unwrap();
     let sts = &d["config"]["sts"];
     let gamma = d["config"]["gamma"].as_u64().unwrap() as usize;
-    assert_eq!(sts["version"], 2);
+    assert_eq!(sts["version"], 3);
     for mode in ["greedy", "sampled"] {
         let t = sts[mode]["temperatures"].as_array().expect("temperatures");
         assert_eq!(t.len(), gamma);
         assert!(t.iter().all(|t| t.as_f64().unwrap() > 0.0));
+        let maps = sts[mode]["survivalMaps"].as_array().expect("survival maps");
+        assert_eq!(maps.len(), gamma);
+        assert!(!maps[0].as_array().unwrap().is_empty(), "position 1 has rounds, so a map");
     }
     let r = dspark(&home, &["calibrate", "--model", s(&model), "--drafter", s(&drafter)]);
     fails_with(&r, &["already calibrated", "--force"]);

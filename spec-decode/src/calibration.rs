@@ -61,6 +61,15 @@ pub fn check(c: &Calibration, gamma: usize) -> std::result::Result<(), String> {
         if let Some(b) = fit.shifts.iter().find(|b| !b.is_finite()) {
             return Err(format!("sts.{name}.shifts holds {b}: expected finite shifts"));
         }
+        if !fit.survival_maps.is_empty() && fit.survival_maps.len() != gamma {
+            return Err(format!(
+                "sts.{name}.survivalMaps has {} entries, expected gamma = {gamma}",
+                fit.survival_maps.len()
+            ));
+        }
+        for (k, m) in fit.sts().maps.iter().enumerate() {
+            m.check().map_err(|e| format!("sts.{name}.survivalMaps[{k}]: {e}"))?;
+        }
     }
     Ok(())
 }

@@ -39,6 +39,7 @@ mod rule;
 pub mod schedule;
 pub mod stats;
 pub mod sts;
+pub mod survival_map;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod throughput;

@@ -310,6 +310,25 @@ fn descriptor_records_the_target_depth_and_is_checked() {
         v["config"]["sts"]["greedy"]["shifts"] = serde_json::json!([0.5]);
     });
     assert!(e.contains("config.sts.greedy.shifts has 1 entries"), "{e}");
+    // Version 3 adds isotonic survival maps, one knot list per position, checked knot by knot.
+    let mut v3 = v2s.clone();
+    v3["version"] = 3.into();
+    let map = serde_json::json!([[0.1, 0.05], [0.5, 0.6], [0.9, 1.0]]);
+    v3["greedy"]["survivalMaps"] = serde_json::json!([map, map, map, []]);
+    let dir = edited_dir("cal-v3", &|v| v["config"]["sts"] = v3.clone());
+    let sts = load_drafter(&dir, m.config()).unwrap().sts(true).unwrap();
+    assert_eq!(sts.maps[0].knots, vec![[0.1, 0.05], [0.5, 0.6], [0.9, 1.0]]);
+    assert!(sts.maps[3].knots.is_empty(), "an empty list is no map");
+    let e = edited("cal-maps-short", &|v| {
+        v["config"]["sts"] = v3.clone();
+        v["config"]["sts"]["greedy"]["survivalMaps"] = serde_json::json!([map]);
+    });
+    assert!(e.contains("config.sts.greedy.survivalMaps has 1 entries"), "{e}");
+    let e = edited("cal-maps-falling", &|v| {
+        v["config"]["sts"] = v3.clone();
+        v["config"]["sts"]["greedy"]["survivalMaps"][2] = serde_json::json!([[0.1, 0.5], [0.5, 0.4]]);
+    });
+    assert!(e.contains("survivalMaps[2]") && e.contains("knot 1"), "{e}");
 }
 
 #[test]

@@ -30,8 +30,9 @@ pub const VARIANTS: [&str; 2] = ["dspark", "dflash"];
 pub const FORMAT_VERSION: u32 = 2;
 
 /// The calibration block this crate writes (`config.sts.version`). Version 1 (no `version`
-/// key) holds precision thresholds only; version 2 adds sequential temperature scaling fits.
-pub const CALIBRATION_VERSION: u32 = 2;
+/// key) holds precision thresholds only; version 2 adds sequential temperature scaling fits;
+/// version 3 adds their isotonic survival maps (`survivalMaps`).
+pub const CALIBRATION_VERSION: u32 = 3;
 
 fn calibration_v1() -> u32 {
     1
@@ -58,7 +59,11 @@ pub struct Calibration {
 impl StsFit {
     /// The fitted scaling.
     pub fn sts(&self) -> crate::sts::Sts {
-        crate::sts::Sts { temperatures: self.temperatures.clone(), shifts: self.shifts.clone() }
+        crate::sts::Sts {
+            temperatures: self.temperatures.clone(),
+            shifts: self.shifts.clone(),
+            maps: self.survival_maps.iter().map(|k| crate::survival_map::SurvivalMap { knots: k.clone() }).collect(),
+        }
     }
 }
 
@@ -91,9 +96,15 @@ pub struct StsFit {
     pub sampling_temperature: f32,
     /// Verify rounds fitted on.
     pub rounds: usize,
-    /// Expected calibration error (20 bins) of the survival per position on held-out rounds,
-    /// before and after scaling.
+    /// Knots (scaled survival, survival) of each position's isotonic map (absent: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub survival_maps: Vec<Vec<[f32; 2]>>,
+    /// Expected calibration error (20 bins) of the survival per position on held-out rounds:
+    /// raw, after the temperatures and shifts alone (absent before version 3), and after the
+    /// whole calibration.
     pub ece_before: Vec<f32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ece_scaled: Vec<f32>,
     pub ece_after: Vec<f32>,
 }
 
