@@ -56,7 +56,7 @@ pub struct Args {
     /// for others.
     #[arg(long)]
     prompt_file: Option<PathBuf>,
-    /// Number of prompts (1 to 100000; `cargo xtask train-default` calibrates the default on 1000).
+    /// Number of prompts (1 to 100000; `cargo xtask train-default` calibrates the default on 3000).
     #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
     prompts: usize,
     /// Tokens generated per prompt (at least 1).
@@ -72,6 +72,10 @@ pub struct Args {
     /// Positions with fewer samples are never pruned and keep T = 1 and no survival map.
     #[arg(long, default_value_t = 50, allow_negative_numbers = true)]
     min_samples: usize,
+    /// Positions fitted on fewer rounds get no isotonic survival map, only the temperature and
+    /// shift (a map fitted on a few hundred prompts learns their noise).
+    #[arg(long, default_value_t = 10_000, allow_negative_numbers = true)]
+    min_map_rounds: usize,
     /// The reliability diagram (default: reliability.png in the calibrated drafter's directory).
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -342,7 +346,16 @@ pub fn run(a: Args) -> Result<()> {
         if held_out.is_empty() {
             bail!("{label}: no held-out rounds; calibration needs at least 2 prompts");
         }
-        let sts = Sts::fit(&fit_rounds, gamma, a.min_samples);
+        let sts = Sts::fit(&fit_rounds, gamma, a.min_samples, a.min_map_rounds);
+        let unmapped: Vec<usize> = (0..gamma).filter(|&k| sts.maps.get(k).is_none_or(|m| m.knots.is_empty())).collect();
+        if !unmapped.is_empty() {
+            eprintln!(
+                "calibrate ({label}): positions {:?} have fewer than {} fitted rounds (--min-map-rounds), so they \
+                 get no survival map; calibrate on more prompts for one",
+                unmapped.iter().map(|k| k + 1).collect::<Vec<_>>(),
+                a.min_map_rounds
+            );
+        }
         let before = report(&Sts::identity(gamma), &held_out, gamma);
         let scaled = report(&sts.scaling_only(), &held_out, gamma);
         let after = report(&sts, &held_out, gamma);

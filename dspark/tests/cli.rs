@@ -216,6 +216,8 @@ fn calibrate_profile_and_the_throughput_schedule_end_to_end() {
             "5",
             "--rounds-out",
             s(&sc.join("rounds.jsonl")),
+            "--min-map-rounds",
+            "1",
         ],
     ));
     assert!(out.contains("ECE raw") && out.contains("ECE scaled") && out.contains("sampled, T = 1"), "{out}");

@@ -128,20 +128,25 @@ impl Sts {
     }
 
     /// Fits the scaling ([`Sts::fit_scaling`]), then each position's isotonic map on the scaled
-    /// survivals of the same rounds (positions with fewer than `min_samples` rounds get none).
-    pub fn fit(samples: &[RoundSample], gamma: usize, min_samples: usize) -> Sts {
+    /// survivals of the same rounds. A position with fewer than `min_map_rounds` rounds gets no
+    /// map: a step function learns the noise of a few prompts (on the default pair, maps fitted
+    /// on 175 prompts, about 6,500 rounds, did no better than the scaling alone).
+    pub fn fit(samples: &[RoundSample], gamma: usize, min_samples: usize, min_map_rounds: usize) -> Sts {
         let mut sts = Sts::fit_scaling(samples, gamma, min_samples);
-        let maps = (0..gamma)
+        let maps: Vec<SurvivalMap> = (0..gamma)
             .map(|k| {
                 let (p, y) = sts.position_outcomes(samples, k);
-                if p.len() >= min_samples.max(1) {
+                if p.len() >= min_samples.max(min_map_rounds).max(1) {
                     SurvivalMap::fit(&p, &y)
                 } else {
                     SurvivalMap::default()
                 }
             })
             .collect();
-        sts.maps = maps;
+        // No position mapped: no maps at all, as before fitting.
+        if maps.iter().any(|m| !m.knots.is_empty()) {
+            sts.maps = maps;
+        }
         sts
     }
 
@@ -248,7 +253,7 @@ mod tests {
     #[test]
     fn recovers_the_temperature_and_lowers_the_error() {
         let data = rounds(6000, 3);
-        let fitted = Sts::fit(&data, 3, 50);
+        let fitted = Sts::fit(&data, 3, 50, 1);
         let t0 = fitted.temperatures[0];
         assert!((2.3..=3.9).contains(&t0), "position 0 temperature {t0}, the law's is 3");
         let err = |sts: &Sts, k: usize| {
@@ -276,7 +281,7 @@ mod tests {
                 RoundSample { logits: vec![z], accepted: usize::from(uniform() < sigmoid(z as f64 / 2.0 - 1.5)) }
             })
             .collect();
-        let fitted = Sts::fit(&data, 1, 50);
+        let fitted = Sts::fit(&data, 1, 50, 1);
         assert!((fitted.shifts[0] + 1.5).abs() < 0.5, "shift {} (the law's is −1.5)", fitted.shifts[0]);
         let (p, y): (Vec<f32>, Vec<bool>) =
             data.iter().map(|r| (fitted.survivals(&r.logits)[0], r.accepted > 0)).unzip();
@@ -295,7 +300,7 @@ mod tests {
     #[test]
     fn never_reorders_scores_and_skips_thin_positions() {
         let data = rounds(400, 2);
-        let fitted = Sts::fit(&data, 4, 50);
+        let fitted = Sts::fit(&data, 4, 50, 1);
         assert_eq!(&fitted.temperatures[2..], &[1.0, 1.0], "positions without samples stay at 1");
         assert_eq!(&fitted.shifts[2..], &[0.0, 0.0], "and unshifted");
         assert!(fitted.temperatures.iter().all(|&t| t > 0.0));
@@ -336,7 +341,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let (train, test) = (draw(1), draw(2));
-        let fitted = Sts::fit(&train, 1, 50);
+        let fitted = Sts::fit(&train, 1, 50, 1000);
         let err = |sts: &Sts| {
             let (p, y): (Vec<f32>, Vec<bool>) = sts.position_outcomes(&test, 0);
             ece(&p, &y, ECE_BINS)
@@ -344,5 +349,8 @@ mod tests {
         let (scaled, mapped) = (err(&fitted.scaling_only()), err(&fitted));
         assert!(scaled > 0.05, "a sigmoid cannot follow a step: ECE {scaled}");
         assert!(mapped < 0.025, "held-out ECE with the map {mapped} (scaling only {scaled})");
+        // Too few rounds for a map: the scaling alone.
+        let thin = Sts::fit(&train, 1, 50, train.len() + 1);
+        assert_eq!(thin, Sts::fit_scaling(&train, 1, 50));
     }
 }

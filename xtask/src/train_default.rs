@@ -83,7 +83,7 @@ impl Recipe {
             drafter_batch: 16,
             drafter_lr: 3e-3,
             paper_confidence: false,
-            calibration_prompts: 1000,
+            calibration_prompts: 3000,
         };
         if quick {
             Recipe {
