@@ -18,7 +18,7 @@ use gemma4::generate::GenerateConfig;
 use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::Model;
-use spec_decode::calibration::fit_thresholds;
+use spec_decode::calibration::{fit_thresholds, ConfSample};
 use spec_decode::dspark::{Calibration, StsFit, CALIBRATION_VERSION};
 use spec_decode::loader::{is_calibrated, load_drafter, write_calibration};
 use spec_decode::reliability::{auroc, brier, ece, reliability_bins};
@@ -83,6 +83,10 @@ pub struct Args {
     /// `logits`, `accepted`), to study or refit the calibration without rerunning the decodes.
     #[arg(long)]
     rounds_out: Option<PathBuf>,
+    /// Fit from the rounds a `--rounds-out` file holds instead of running the decodes (the
+    /// prompts' halves and the temperatures are read from it; --prompts and --tokens are unused).
+    #[arg(long, conflicts_with = "rounds_out")]
+    rounds_in: Option<PathBuf>,
     /// Replace an existing calibration.
     #[arg(long)]
     force: bool,
@@ -110,6 +114,12 @@ fn check_flags(a: &Args) -> Result<()> {
     if let Some(out) = &a.out {
         // Refused before hours of speculative runs, not only after them.
         refuse_nonempty_out(out)?;
+    }
+    if let Some(path) = &a.rounds_out {
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        if !parent.is_dir() {
+            bail!("--rounds-out {}: {} is not a directory", path.display(), parent.display());
+        }
     }
     if a.drafter == "default" {
         if let Some(m) = &a.model {
@@ -216,6 +226,50 @@ fn panel(title: String, sts: &Sts, rounds: &[RoundSample], gamma: usize) -> Reli
     ReliabilityPanel { title, positions }
 }
 
+/// The rounds at sampling temperature `temperature` of a `--rounds-out` file, with the prompt
+/// each came from; an error names the line that is not a round of at most `gamma` drafts.
+fn read_rounds(path: &Path, temperature: f64, gamma: usize) -> Result<Vec<(usize, RoundSample)>> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        temperature: f64,
+        prompt: usize,
+        logits: Vec<f32>,
+        accepted: usize,
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading --rounds-in {}", path.display()))?;
+    let mut rounds = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let at = || format!("--rounds-in {} line {}", path.display(), n + 1);
+        let l: Line = serde_json::from_str(line)
+            .with_context(|| format!("{}: expected {{\"temperature\", \"prompt\", \"logits\", \"accepted\"}}", at()))?;
+        if l.logits.is_empty() || l.logits.len() > gamma || l.accepted > l.logits.len() {
+            bail!(
+                "{}: a round of {} drafts with {} accepted; expected 1 to gamma = {gamma} drafts and at most that many \
+                 accepted",
+                at(),
+                l.logits.len(),
+                l.accepted
+            );
+        }
+        if l.temperature == temperature {
+            rounds.push((l.prompt, RoundSample { logits: l.logits, accepted: l.accepted }));
+        }
+    }
+    if rounds.is_empty() {
+        bail!("--rounds-in {}: no rounds at sampling temperature {temperature} (see --temperatures)", path.display());
+    }
+    Ok(rounds)
+}
+
+/// The per-position samples of one round, as the decode loop reports them (for the thresholds).
+fn conf_samples(r: &RoundSample) -> impl Iterator<Item = ConfSample> + '_ {
+    r.logits.iter().enumerate().map(move |(pos, &z)| ConfSample {
+        pos,
+        conf: (1.0 / (1.0 + (-(z as f64)).exp())) as f32,
+        accepted: pos < r.accepted,
+    })
+}
+
 fn load_prompts(
     a: &Args,
     model: &Model,
@@ -287,7 +341,10 @@ pub fn run(a: Args) -> Result<()> {
     let model = Model::load_as(&model_dir, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
         .map(|m| m.0)
         .with_context(|| format!("loading {}", model_dir.display()))?;
-    let (prompts, tok) = load_prompts(&a, &model, &model_dir, default_model)?;
+    let (prompts, tok) = match a.rounds_in {
+        Some(_) => (Vec::new(), None),
+        None => load_prompts(&a, &model, &model_dir, default_model)?,
+    };
     let src =
         if a.drafter == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(&a.drafter) };
     let mut drafter =
@@ -305,44 +362,56 @@ pub fn run(a: Args) -> Result<()> {
     let mut dump = String::new();
     for &temperature in &a.temperatures {
         let label = if temperature == 0.0 { "greedy".to_string() } else { format!("sampled, T = {temperature}") };
-        let cfg = SpecConfig {
-            generate: GenerateConfig {
-                max_tokens: a.tokens,
-                stop_tokens: stop_tokens(model.config(), tok.as_ref()),
-                sampler: SamplerConfig { temperature, ..Default::default() },
-                ..Default::default()
-            },
-            gamma: Some(gamma),
-            // Active with no threshold: confidences are read, nothing is pruned.
-            pruning: Pruning::Thresholds(vec![]),
-        };
-        // Prompts alternate between the fitting half and the held-out half.
-        let (mut fit_rounds, mut held_out) = (Vec::new(), Vec::new());
-        for (i, p) in prompts.iter().enumerate() {
-            let cfg = SpecConfig { generate: GenerateConfig { seed: i as u64, ..cfg.generate.clone() }, ..cfg.clone() };
-            let out = speculative_generate(&model, drafter.as_mut(), p, &cfg, |_| {})
-                .with_context(|| format!("calibration run {label}, prompt {}", i + 1))?;
-            let rounds = rounds_from_samples(&out.conf_samples);
-            if a.rounds_out.is_some() {
-                for r in &rounds {
-                    let line = serde_json::json!({
-                        "temperature": temperature, "prompt": i, "logits": r.logits, "accepted": r.accepted,
-                    });
-                    dump.push_str(&line.to_string());
-                    dump.push('\n');
+        let rounds = match &a.rounds_in {
+            Some(path) => {
+                let rounds = read_rounds(path, temperature, gamma)?;
+                if temperature == 0.0 || !a.temperatures.contains(&0.0) {
+                    threshold_samples.extend(rounds.iter().flat_map(|(_, r)| conf_samples(r)));
                 }
+                rounds
             }
-            if i % 2 == 0 { &mut fit_rounds } else { &mut held_out }.extend(rounds);
-            if temperature == 0.0 || !a.temperatures.contains(&0.0) {
-                threshold_samples.extend(out.conf_samples);
+            None => {
+                let cfg = SpecConfig {
+                    generate: GenerateConfig {
+                        max_tokens: a.tokens,
+                        stop_tokens: stop_tokens(model.config(), tok.as_ref()),
+                        sampler: SamplerConfig { temperature, ..Default::default() },
+                        ..Default::default()
+                    },
+                    gamma: Some(gamma),
+                    // Active with no threshold: confidences are read, nothing is pruned.
+                    pruning: Pruning::Thresholds(vec![]),
+                };
+                let mut rounds = Vec::new();
+                for (i, p) in prompts.iter().enumerate() {
+                    let cfg = SpecConfig {
+                        generate: GenerateConfig { seed: i as u64, ..cfg.generate.clone() },
+                        ..cfg.clone()
+                    };
+                    let out = speculative_generate(&model, drafter.as_mut(), p, &cfg, |_| {})
+                        .with_context(|| format!("calibration run {label}, prompt {}", i + 1))?;
+                    rounds.extend(rounds_from_samples(&out.conf_samples).into_iter().map(|r| (i, r)));
+                    if temperature == 0.0 || !a.temperatures.contains(&0.0) {
+                        threshold_samples.extend(out.conf_samples);
+                    }
+                    eprintln!("calibrate ({label}): prompt {}/{}, {} rounds", i + 1, prompts.len(), rounds.len());
+                }
+                rounds
             }
-            eprintln!(
-                "calibrate ({label}): prompt {}/{}, {} rounds",
-                i + 1,
-                prompts.len(),
-                fit_rounds.len() + held_out.len()
-            );
+        };
+        if a.rounds_out.is_some() {
+            for (i, r) in &rounds {
+                let line = serde_json::json!({
+                    "temperature": temperature, "prompt": i, "logits": r.logits, "accepted": r.accepted,
+                });
+                dump.push_str(&line.to_string());
+                dump.push('\n');
+            }
         }
+        // Prompts alternate between the fitting half and the held-out half.
+        let (fit_rounds, held_out): (Vec<_>, Vec<_>) = rounds.into_iter().partition(|(i, _)| i % 2 == 0);
+        let fit_rounds: Vec<RoundSample> = fit_rounds.into_iter().map(|(_, r)| r).collect();
+        let held_out: Vec<RoundSample> = held_out.into_iter().map(|(_, r)| r).collect();
         if held_out.is_empty() {
             bail!("{label}: no held-out rounds; calibration needs at least 2 prompts");
         }
@@ -350,10 +419,10 @@ pub fn run(a: Args) -> Result<()> {
         let unmapped: Vec<usize> = (0..gamma).filter(|&k| sts.maps.get(k).is_none_or(|m| m.knots.is_empty())).collect();
         if !unmapped.is_empty() {
             eprintln!(
-                "calibrate ({label}): positions {:?} have fewer than {} fitted rounds (--min-map-rounds), so they \
-                 get no survival map; calibrate on more prompts for one",
+                "calibrate ({label}): positions {:?} have fewer than {} fitted rounds (--min-map-rounds, \
+                 --min-samples), so they get no survival map; calibrate on more prompts for one",
                 unmapped.iter().map(|k| k + 1).collect::<Vec<_>>(),
-                a.min_map_rounds
+                a.min_map_rounds.max(a.min_samples)
             );
         }
         let before = report(&Sts::identity(gamma), &held_out, gamma);
@@ -372,10 +441,6 @@ pub fn run(a: Args) -> Result<()> {
         let m = ModeFit { label, fit, before, scaled, after, held_out, sts };
         print_table(&m);
         modes.push(m);
-    }
-    if let Some(path) = &a.rounds_out {
-        crate::paths::write_atomically(path, dump.as_bytes())?;
-        println!("rounds written to {}", path.display());
     }
     let thresholds = fit_thresholds(&threshold_samples, gamma, a.target, a.min_samples);
     let mode =
@@ -398,6 +463,10 @@ pub fn run(a: Args) -> Result<()> {
     write_calibration(&dest, &cal)?;
     println!("\npruning thresholds by block position (precision {}): {thresholds:?}", a.target);
     println!("calibration written to {}", dest.display());
+    if let Some(path) = &a.rounds_out {
+        crate::paths::write_atomically(path, dump.as_bytes())?;
+        println!("rounds written to {}", path.display());
+    }
 
     let mut panels = Vec::new();
     for m in &modes {

@@ -247,6 +247,24 @@ fn calibrate_profile_and_the_throughput_schedule_end_to_end() {
     }
     let r = dspark(&home, &["calibrate", "--model", s(&model), "--drafter", s(&drafter)]);
     fails_with(&r, &["already calibrated", "--force"]);
+    // Refitting from the written rounds gives the same fits, without a decode.
+    let refit = sc.join("refit");
+    let rounds_file = sc.join("rounds.jsonl");
+    let from_file = ["calibrate", "--model", s(&model), "--drafter", s(&drafter), "--rounds-in", s(&rounds_file)];
+    let flags = ["--min-samples", "5", "--min-map-rounds", "1", "--out", s(&refit)];
+    ok(&dspark(&home, &[&from_file[..], &flags].concat()));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(refit.join("dspark.json")).unwrap()).unwrap();
+    for mode in ["greedy", "sampled"] {
+        assert_eq!(r["config"]["sts"][mode], sts[mode], "{mode} refitted from the rounds");
+    }
+    let bad = sc.join("bad-rounds.jsonl");
+    std::fs::write(&bad, "{\"temperature\": 0, \"prompt\": 0, \"logits\": [0.5], \"accepted\": 2}\n").unwrap();
+    let r = dspark(
+        &home,
+        &["calibrate", "--model", s(&model), "--drafter", s(&drafter), "--rounds-in", s(&bad), "--force"],
+    );
+    fails_with(&r, &["bad-rounds.jsonl line 1", "1 drafts with 2 accepted"]);
 
     let out = ok(&dspark(&home, &["profile", "--model", s(&model), "--drafter", s(&drafter), "--repeats", "1"]));
     assert!(out.contains("| 2 |") && model.join("dspark-profile.json").is_file(), "{out}");

@@ -19,10 +19,19 @@ impl SurvivalMap {
         let mut pairs: Vec<(f64, f64)> =
             x.iter().zip(y).filter(|(x, _)| x.is_finite()).map(|(&x, &y)| (x as f64, y as u8 as f64)).collect();
         pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        // Blocks as (Σx, Σy, n); a new sample merges backwards while it would break the order.
-        let mut blocks: Vec<(f64, f64, f64)> = Vec::new();
+        // Equal predictions form one point first, so a tie is never split between knots (which
+        // would make the map depend on the samples' order).
+        let mut points: Vec<(f64, f64, f64)> = Vec::new();
         for (x, y) in pairs {
-            blocks.push((x, y, 1.0));
+            match points.last_mut() {
+                Some(last) if last.0 / last.2 == x => *last = (last.0 + x, last.1 + y, last.2 + 1.0),
+                _ => points.push((x, y, 1.0)),
+            }
+        }
+        // Blocks as (Σx, Σy, n); a new point merges backwards while it would break the order.
+        let mut blocks: Vec<(f64, f64, f64)> = Vec::new();
+        for point in points {
+            blocks.push(point);
             while blocks.len() > 1 {
                 let (b, a) = (blocks[blocks.len() - 1], blocks[blocks.len() - 2]);
                 if a.1 / a.2 < b.1 / b.2 {
@@ -38,11 +47,15 @@ impl SurvivalMap {
         SurvivalMap { knots }
     }
 
-    /// The calibrated survival of a scaled one: linear between knots, flat beyond the ends.
+    /// The calibrated survival of a scaled one: linear between knots, flat beyond the ends. A
+    /// survival of 0 stays 0, so a draft the head rules out is never admitted.
     pub fn apply(&self, s: f32) -> f32 {
         let (Some(first), Some(last)) = (self.knots.first(), self.knots.last()) else { return s };
-        if !s.is_finite() {
+        if s.is_nan() {
             return s;
+        }
+        if s <= 0.0 {
+            return 0.0;
         }
         if s <= first[0] {
             return first[1];
@@ -50,10 +63,11 @@ impl SurvivalMap {
         if s >= last[0] {
             return last[1];
         }
-        // First knot strictly right of s; it exists and is not the first (s is inside).
-        let i = self.knots.partition_point(|k| k[0] <= s);
+        // First knot strictly right of s (inside the knots' span); clamped so knots that fail
+        // `check` cannot index out of range.
+        let i = self.knots.partition_point(|k| k[0] <= s).clamp(1, self.knots.len() - 1);
         let ([x0, y0], [x1, y1]) = (self.knots[i - 1], self.knots[i]);
-        if x1 <= x0 {
+        if !(x1 > x0) {
             return y1;
         }
         y0 + (y1 - y0) * ((s - x0) / (x1 - x0))
@@ -97,7 +111,7 @@ mod tests {
         for (k, w) in m.knots.iter().zip(want) {
             assert!((k[0] - w[0]).abs() < 1e-6 && (k[1] - w[1]).abs() < 1e-6, "{:?}", m.knots);
         }
-        assert_eq!(m.apply(0.0), 0.5);
+        assert_eq!(m.apply(0.05), 0.5);
         assert!((m.apply(0.25) - 0.75).abs() < 1e-6);
         assert_eq!(m.apply(0.9), 1.0);
         assert!(m.check().is_ok());
@@ -121,6 +135,32 @@ mod tests {
         let before = crate::reliability::ece(&x, &y, 20);
         let after = crate::reliability::ece(&out, &y, 20);
         assert!(after < 0.02 && before > 0.15, "ECE {before} → {after}");
+    }
+
+    #[test]
+    fn ties_are_one_point_whatever_their_order() {
+        // Four rounds at 0.9, half accepted: one knot at the tie's rate, in either order.
+        let x = [0.2, 0.9, 0.9, 0.9, 0.9];
+        for y in [[false, false, true, false, true], [false, true, true, false, false]] {
+            let m = SurvivalMap::fit(&x, &y);
+            assert_eq!(m.knots, vec![[0.2, 0.0], [0.9, 0.5]], "{y:?}");
+            assert_eq!(m.apply(0.9), 0.5);
+        }
+    }
+
+    #[test]
+    fn a_zero_survival_stays_zero_and_bad_knots_do_not_panic() {
+        let m = SurvivalMap { knots: vec![[0.3, 0.2], [0.6, 0.7]] };
+        assert_eq!((m.apply(0.0), m.apply(0.1)), (0.0, 0.2));
+        assert!(m.apply(f32::NAN).is_nan());
+        // Knots `check` refuses still give a number, never an index out of range.
+        for knots in [vec![[f32::NAN, 0.0], [0.5, 1.0]], vec![[0.5, 0.2], [0.4, 0.9], [0.2, 0.1]]] {
+            let m = SurvivalMap { knots };
+            assert!(m.check().is_err());
+            for s in [0.1, 0.3, 0.45, 0.9] {
+                let _ = m.apply(s);
+            }
+        }
     }
 
     #[test]
