@@ -67,7 +67,8 @@ impl SurvivalMap {
         // `check` cannot index out of range.
         let i = self.knots.partition_point(|k| k[0] <= s).clamp(1, self.knots.len() - 1);
         let ([x0, y0], [x1, y1]) = (self.knots[i - 1], self.knots[i]);
-        if !(x1 > x0) {
+        // Knots out of order or NaN (refused by `check`) give the right knot's value.
+        if x1.partial_cmp(&x0) != Some(std::cmp::Ordering::Greater) {
             return y1;
         }
         y0 + (y1 - y0) * ((s - x0) / (x1 - x0))
