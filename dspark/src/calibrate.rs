@@ -18,7 +18,7 @@ use gemma4::generate::GenerateConfig;
 use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::Model;
-use spec_decode::calibration::{fit_thresholds, ConfSample};
+use spec_decode::calibration::fit_thresholds;
 use spec_decode::dspark::{Calibration, StsFit, CALIBRATION_VERSION};
 use spec_decode::loader::{is_calibrated, load_drafter, write_calibration};
 use spec_decode::reliability::{auroc, brier, ece, reliability_bins};
@@ -226,21 +226,23 @@ fn panel(title: String, sts: &Sts, rounds: &[RoundSample], gamma: usize) -> Reli
     ReliabilityPanel { title, positions }
 }
 
-/// The rounds at sampling temperature `temperature` of a `--rounds-out` file, with the prompt
-/// each came from; an error names the line that is not a round of at most `gamma` drafts.
-fn read_rounds(path: &Path, temperature: f64, gamma: usize) -> Result<Vec<(usize, RoundSample)>> {
-    #[derive(serde::Deserialize)]
-    struct Line {
-        temperature: f64,
-        prompt: usize,
-        logits: Vec<f32>,
-        accepted: usize,
-    }
+/// One verify round as a `--rounds-out` line: the sampling temperature and prompt it came from.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RoundLine {
+    temperature: f64,
+    prompt: usize,
+    logits: Vec<f32>,
+    accepted: usize,
+}
+
+/// Every round a `--rounds-out` file holds; an error names the line that is not a round of at
+/// most `gamma` drafts.
+fn read_rounds(path: &Path, gamma: usize) -> Result<Vec<RoundLine>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading --rounds-in {}", path.display()))?;
     let mut rounds = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let at = || format!("--rounds-in {} line {}", path.display(), n + 1);
-        let l: Line = serde_json::from_str(line)
+        let l: RoundLine = serde_json::from_str(line)
             .with_context(|| format!("{}: expected {{\"temperature\", \"prompt\", \"logits\", \"accepted\"}}", at()))?;
         if l.logits.is_empty() || l.logits.len() > gamma || l.accepted > l.logits.len() {
             bail!(
@@ -251,23 +253,9 @@ fn read_rounds(path: &Path, temperature: f64, gamma: usize) -> Result<Vec<(usize
                 l.accepted
             );
         }
-        if l.temperature == temperature {
-            rounds.push((l.prompt, RoundSample { logits: l.logits, accepted: l.accepted }));
-        }
-    }
-    if rounds.is_empty() {
-        bail!("--rounds-in {}: no rounds at sampling temperature {temperature} (see --temperatures)", path.display());
+        rounds.push(l);
     }
     Ok(rounds)
-}
-
-/// The per-position samples of one round, as the decode loop reports them (for the thresholds).
-fn conf_samples(r: &RoundSample) -> impl Iterator<Item = ConfSample> + '_ {
-    r.logits.iter().enumerate().map(move |(pos, &z)| ConfSample {
-        pos,
-        conf: (1.0 / (1.0 + (-(z as f64)).exp())) as f32,
-        accepted: pos < r.accepted,
-    })
 }
 
 fn load_prompts(
@@ -360,13 +348,27 @@ pub fn run(a: Args) -> Result<()> {
     // Per-position samples for the pruning thresholds: greedy rounds when calibrating greedy.
     let mut threshold_samples = Vec::new();
     let mut dump = String::new();
+    let stored = match &a.rounds_in {
+        Some(path) => read_rounds(path, gamma)?,
+        None => Vec::new(),
+    };
     for &temperature in &a.temperatures {
         let label = if temperature == 0.0 { "greedy".to_string() } else { format!("sampled, T = {temperature}") };
         let rounds = match &a.rounds_in {
             Some(path) => {
-                let rounds = read_rounds(path, temperature, gamma)?;
+                let rounds: Vec<(usize, RoundSample)> = stored
+                    .iter()
+                    .filter(|l| l.temperature == temperature)
+                    .map(|l| (l.prompt, RoundSample { logits: l.logits.clone(), accepted: l.accepted }))
+                    .collect();
+                if rounds.is_empty() {
+                    bail!(
+                        "--rounds-in {}: no rounds at sampling temperature {temperature} (see --temperatures)",
+                        path.display()
+                    );
+                }
                 if temperature == 0.0 || !a.temperatures.contains(&0.0) {
-                    threshold_samples.extend(rounds.iter().flat_map(|(_, r)| conf_samples(r)));
+                    threshold_samples.extend(rounds.iter().flat_map(|(_, r)| r.conf_samples()));
                 }
                 rounds
             }
@@ -400,11 +402,9 @@ pub fn run(a: Args) -> Result<()> {
             }
         };
         if a.rounds_out.is_some() {
-            for (i, r) in &rounds {
-                let line = serde_json::json!({
-                    "temperature": temperature, "prompt": i, "logits": r.logits, "accepted": r.accepted,
-                });
-                dump.push_str(&line.to_string());
+            for (prompt, r) in &rounds {
+                let line = RoundLine { temperature, prompt: *prompt, logits: r.logits.clone(), accepted: r.accepted };
+                dump.push_str(&serde_json::to_string(&line)?);
                 dump.push('\n');
             }
         }

@@ -196,6 +196,18 @@ impl Sts {
     }
 }
 
+impl RoundSample {
+    /// The decode loop's per-position samples of this round (the inverse of
+    /// [`rounds_from_samples`]): raw confidence σ(z) and whether it and all before it were accepted.
+    pub fn conf_samples(&self) -> impl Iterator<Item = ConfSample> + '_ {
+        self.logits.iter().enumerate().map(|(pos, &z)| ConfSample {
+            pos,
+            conf: sigmoid(z as f64) as f32,
+            accepted: pos < self.accepted,
+        })
+    }
+}
+
 /// Rebuilds verify rounds from the decode loop's per-position samples (each round's samples
 /// run from block position 0 upward, in order), as confidence logits and accepted counts.
 pub fn rounds_from_samples(samples: &[ConfSample]) -> Vec<RoundSample> {
@@ -219,13 +231,18 @@ mod tests {
     use super::*;
     use crate::reliability::ece;
 
-    /// Rounds whose true acceptance law is σ(z / 3) per position (over-confident raw logits).
-    fn rounds(n: usize, gamma: usize) -> Vec<RoundSample> {
-        let mut state = 12345u64;
-        let mut uniform = move || {
+    /// A seeded stream of uniform draws in [0, 1) (a 64-bit LCG's top 53 bits).
+    fn uniform_stream(seed: u64) -> impl FnMut() -> f64 {
+        let mut state = seed;
+        move || {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((state >> 11) as f64) / ((1u64 << 53) as f64)
-        };
+        }
+    }
+
+    /// Rounds whose true acceptance law is σ(z / 3) per position (over-confident raw logits).
+    fn rounds(n: usize, gamma: usize) -> Vec<RoundSample> {
+        let mut uniform = uniform_stream(12345u64);
         (0..n)
             .map(|_| {
                 let logits: Vec<f32> = (0..gamma).map(|_| (uniform() * 16.0 - 8.0) as f32).collect();
@@ -241,6 +258,9 @@ mod tests {
         let got = rounds_from_samples(&[s(0, 0.5, true), s(1, 0.5, false), s(0, 0.5, false), s(0, 0.5, true)]);
         assert_eq!(got.iter().map(|r| (r.logits.len(), r.accepted)).collect::<Vec<_>>(), [(2, 1), (1, 0), (1, 1)]);
         assert_eq!(got[0].logits[0], 0.0, "σ(0) = 0.5");
+        let back: Vec<(usize, bool)> = got[0].conf_samples().map(|c| (c.pos, c.accepted)).collect();
+        assert_eq!(back, [(0, true), (1, false)]);
+        assert!(got[0].conf_samples().all(|c| c.conf == 0.5));
     }
 
     #[test]
@@ -271,11 +291,7 @@ mod tests {
     #[test]
     fn a_shift_centres_logits_made_for_another_event() {
         // Acceptance follows σ(z / 2 − 1.5): the raw logits are too confident and off-centre.
-        let mut state = 777u64;
-        let mut uniform = move || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 11) as f64) / ((1u64 << 53) as f64)
-        };
+        let mut uniform = uniform_stream(777u64);
         let data: Vec<RoundSample> = (0..6000)
             .map(|_| {
                 let z = (uniform() * 12.0 - 6.0) as f32;
@@ -328,11 +344,7 @@ mod tests {
         // Acceptance is 0.3 below z = 0 and 0.9 above it: a step, which a temperature and a
         // shift can only smear. Fitted on one set, measured on another drawn the same way.
         let draw = |seed: u64| {
-            let mut state = seed;
-            let mut uniform = move || {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((state >> 11) as f64) / ((1u64 << 53) as f64)
-            };
+            let mut uniform = uniform_stream(seed);
             (0..8000)
                 .map(|_| {
                     let z = (uniform() * 8.0 - 4.0) as f32;
