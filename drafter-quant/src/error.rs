@@ -9,7 +9,7 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("bits {0} is not supported: expected 4 or 8")]
     UnsupportedBits(u32),
-    #[error("group size {0} is not supported: expected 32 or 64")]
+    #[error("group size {0} is not supported: expected 32, 64 or 128")]
     UnsupportedGroupSize(u32),
     /// The source is not a DeepSpec or DSpark checkpoint; `detail` says what was found.
     #[error("{}: not a drafter checkpoint: {detail}", path.display())]
@@ -23,15 +23,6 @@ pub enum Error {
     TargetModel { path: PathBuf, model_type: String },
     #[error("{}: source is already quantized ({evidence}) — start from the bf16 checkpoint", path.display())]
     AlreadyQuantized { path: PathBuf, evidence: String },
-    /// A matrix whose quantized axis the group size does not divide (mlx-lm would silently keep
-    /// it dense; we refuse so no matrix is left at full precision by accident).
-    #[error(
-        "{}: tensor {tensor:?} {shape:?}: its quantized axis has {axis_len} elements, which group size {group_size} \
-         does not divide{}",
-        path.display(),
-        if *more > 0 { format!(" (and {more} more tensors like it)") } else { String::new() }
-    )]
-    NotDivisible { path: PathBuf, tensor: String, shape: Vec<i32>, axis_len: i32, group_size: u32, more: usize },
     /// A parameter the format says is a matrix is not 2-D.
     #[error("{}: tensor {tensor:?} has shape {shape:?}, expected a 2-D matrix", path.display())]
     NotMatrix { path: PathBuf, tensor: String, shape: Vec<i32> },

@@ -23,9 +23,10 @@
 //!
 //! Refusals (each an [`Error`] variant naming the path, and the tensor where there is one): not
 //! a drafter, a Gemma-4 target (use `dspark quantize-target`), already
-//! quantized, bits ∉ {4, 8}, group size ∉ {32, 64}, a matrix whose quantized axis the group
-//! size does not divide (mlx-lm would keep it dense silently), a non-empty output without
-//! `force`, an output that would replace the source. Everything is checked before any data is
+//! quantized, bits ∉ {4, 8}, group size ∉ {32, 64, 128}, a non-empty output without `force`,
+//! an output that would replace the source. A matrix whose quantized axis the group size does
+//! not divide is quantized with the largest smaller group size that divides it, or kept dense
+//! when none does, and the run says which (mlx-lm would keep it dense silently). Everything is checked before any data is
 //! read; the output is staged in a hidden temporary sibling and renamed into place only after
 //! the load smoke passes, so a failed or interrupted run leaves nothing that looks like a
 //! checkpoint.
@@ -52,7 +53,7 @@ use plan::Action;
 /// Bit widths the quantizer writes.
 pub const BITS: [u32; 2] = [4, 8];
 /// Group sizes the quantizer writes.
-pub const GROUP_SIZES: [u32; 2] = [32, 64];
+pub const GROUP_SIZES: [u32; 3] = [32, 64, 128];
 /// Default shard size (mlx-lm's 5 GiB).
 pub const DEFAULT_SHARD_BYTES: usize = 5 << 30;
 
@@ -61,7 +62,8 @@ pub const DEFAULT_SHARD_BYTES: usize = 5 << 30;
 pub struct QuantizeOptions {
     /// 4 or 8.
     pub bits: u32,
-    /// 32 or 64.
+    /// 32, 64 or 128; a matrix it does not divide gets the largest smaller one that does (or
+    /// stays dense), with a [`Progress::Warning`].
     pub group_size: u32,
     /// Replace a non-empty output directory.
     pub force: bool,
@@ -138,12 +140,15 @@ pub fn quantize_drafter(
     if !GROUP_SIZES.contains(&opts.group_size) {
         return Err(Error::UnsupportedGroupSize(opts.group_size));
     }
-    let spec = QuantSpec::new(opts.bits, opts.group_size)?;
+    QuantSpec::new(opts.bits, opts.group_size)?;
     let mut source = plan::open(src)?;
     let plan = plan::plan(&source, src, opts.group_size)?;
     check_output(src, dst, opts.force)?;
     let src_bytes: u64 = source.tensors.values().map(|a| a.nbytes() as u64).sum();
     progress(&Progress::Start { kind: source.kind, tensors: plan.entries.len(), src_bytes });
+    for note in &plan.notes {
+        progress(&Progress::Warning(note.clone()));
+    }
 
     let staged = StagedDir::new(dst, opts.force)?;
     let mut writer = ShardWriter::new(staged.path(), opts.shard_bytes);
@@ -154,10 +159,10 @@ pub fn quantize_drafter(
         let Some(a) = source.tensors.remove(name) else { continue };
         let (shape, dtype, in_bytes) = (a.shape()?, a.dtype(), a.nbytes() as u64);
         let out = match action {
-            Action::Quantize { module, transpose } => {
+            Action::Quantize { module, transpose, group_size } => {
                 let w = a.astype(Dtype::Bf16)?;
                 let w = if *transpose { w.transpose(&[1, 0])?.contiguous()? } else { w };
-                let q = quantize(&w, spec)?;
+                let q = quantize(&w, QuantSpec::new(opts.bits, *group_size)?)?;
                 quantized += 1;
                 q_elems += a.size()? as u64;
                 vec![
@@ -190,7 +195,7 @@ pub fn quantize_drafter(
         });
     }
     let (shards, dst_bytes) = writer.finish()?;
-    write_config(&source, staged.path(), &quant_block(opts, &plan.dense_modules))?;
+    write_config(&source, staged.path(), &quant_block(opts, &plan))?;
     copy_aux_files(src, staged.path(), source.config_file)?;
 
     let smoke = smoke::run(staged.path(), dst, &opts.smoke, &mut |w| progress(&Progress::Warning(w)))?;
@@ -233,14 +238,18 @@ fn check_output(src: &Path, dst: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// `{group_size, bits, mode: "affine", "<module>": false, …}` (mlx-lm's layout).
-fn quant_block(opts: &QuantizeOptions, dense: &std::collections::BTreeSet<String>) -> Value {
+/// `{group_size, bits, mode: "affine", "<module>": false | {group_size, bits}, …}` (mlx-lm's
+/// layout: unquantized modules and per-module group sizes as overrides).
+fn quant_block(opts: &QuantizeOptions, plan: &plan::Plan) -> Value {
     let mut block = Map::new();
     block.insert("group_size".into(), json!(opts.group_size));
     block.insert("bits".into(), json!(opts.bits));
     block.insert("mode".into(), json!("affine"));
-    for m in dense {
+    for m in &plan.dense_modules {
         block.insert(m.clone(), Value::Bool(false));
+    }
+    for (m, g) in &plan.group_overrides {
+        block.insert(m.clone(), json!({"group_size": g, "bits": opts.bits, "mode": "affine"}));
     }
     Value::Object(block)
 }

@@ -33,9 +33,9 @@ pub(crate) struct Source {
 /// What happens to one source tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Action {
-    /// Cast to bf16, transpose if asked, quantize along the last axis, write
-    /// `module.weight` (packed) / `module.scales` / `module.biases`.
-    Quantize { module: String, transpose: bool },
+    /// Cast to bf16, transpose if asked, quantize along the last axis in groups of
+    /// `group_size`, write `module.weight` (packed) / `module.scales` / `module.biases`.
+    Quantize { module: String, transpose: bool, group_size: u32 },
     /// Written unchanged under its own name.
     Keep,
 }
@@ -44,6 +44,10 @@ pub(crate) enum Action {
 pub(crate) struct Plan {
     pub entries: Vec<(String, Action)>,
     pub dense_modules: BTreeSet<String>,
+    /// Modules quantized with another group size than asked (recorded as overrides).
+    pub group_overrides: BTreeMap<String, u32>,
+    /// What the plan changed from the request, in words, for the user.
+    pub notes: Vec<String>,
 }
 
 /// Opens `src`, refusing anything but an unquantized DeepSpec or DSpark checkpoint.
@@ -77,45 +81,61 @@ pub(crate) fn open(src: &Path) -> Result<Source> {
     Ok(Source { kind, config_file, config, tensors })
 }
 
-/// Decides every tensor's fate; refuses matrices the group size does not divide (all are
-/// checked before anything is written).
+/// Decides every tensor's fate. A matrix whose quantized axis the requested group size does not
+/// divide is quantized with the largest smaller supported group that divides it (an override
+/// in the quantization block), or kept dense (a `false` entry) when none does; each such
+/// choice is noted, never silent.
 pub(crate) fn plan(src: &Source, path: &Path, group_size: u32) -> Result<Plan> {
     let mut entries = Vec::with_capacity(src.tensors.len());
     let mut dense_modules = BTreeSet::new();
     for (name, a) in &src.tensors {
         let action = match src.kind {
-            DrafterKind::DeepSpec => deepspec_action(name, a, &mut dense_modules)?,
-            DrafterKind::DSpark => dspark_action(name, a, path)?,
+            DrafterKind::DeepSpec => deepspec_action(name, a, &mut dense_modules, group_size)?,
+            DrafterKind::DSpark => dspark_action(name, a, path, group_size)?,
         };
         entries.push((name.clone(), action));
     }
     if src.kind == DrafterKind::DSpark {
         dense_modules.extend(src.tensors.keys().filter(|n| param_kind(n) == ParamKind::ConfidenceHead).cloned());
     }
-    let mut bad: Vec<(&String, &Array, i32)> = Vec::new();
-    for (name, act) in &entries {
-        if let Action::Quantize { transpose, .. } = act {
-            let a = &src.tensors[name];
-            let axis_len = a.dim(if *transpose { 0 } else { -1 })?;
-            if axis_len % group_size as i32 != 0 {
-                bad.push((name, a, axis_len));
+    let mut group_overrides = BTreeMap::new();
+    let mut notes = Vec::new();
+    for (name, act) in &mut entries {
+        let Action::Quantize { module, transpose, group_size: g } = act else { continue };
+        let a = &src.tensors[name.as_str()];
+        let axis_len = a.dim(if *transpose { 0 } else { -1 })?;
+        if axis_len % group_size as i32 == 0 {
+            continue;
+        }
+        let fallback = mlx_core::quant::SUPPORTED_GROUP_SIZES
+            .iter()
+            .rev()
+            .copied()
+            .find(|&c| c < group_size && axis_len % c as i32 == 0);
+        let shape = a.shape()?;
+        match fallback {
+            Some(c) => {
+                notes.push(format!(
+                    "{name} {shape:?}: group size {group_size} does not divide its {axis_len}-element axis; quantized \
+                     with group size {c}"
+                ));
+                group_overrides.insert(module.clone(), c);
+                *g = c;
+            }
+            None => {
+                notes.push(format!(
+                    "{name} {shape:?}: no supported group size up to {group_size} divides its {axis_len}-element \
+                     axis; kept unquantized"
+                ));
+                dense_modules.insert(module.clone());
+                *act = Action::Keep;
             }
         }
     }
-    if let Some(&(name, a, axis_len)) = bad.first() {
-        return Err(Error::NotDivisible {
-            path: path.to_path_buf(),
-            tensor: name.clone(),
-            shape: a.shape()?,
-            axis_len,
-            group_size,
-            more: bad.len() - 1,
-        });
-    }
-    Ok(Plan { entries, dense_modules })
+    Ok(Plan { entries, dense_modules, group_overrides, notes })
 }
 
-fn deepspec_action(name: &str, a: &Array, dense: &mut BTreeSet<String>) -> Result<Action> {
+fn deepspec_action(name: &str, a: &Array, dense: &mut BTreeSet<String>, group_size: u32) -> Result<Action> {
     if name.starts_with(DEEPSPEC_DENSE_PREFIX) {
         if let Some((module, _)) = name.rsplit_once('.') {
             dense.insert(module.to_string());
@@ -123,12 +143,12 @@ fn deepspec_action(name: &str, a: &Array, dense: &mut BTreeSet<String>) -> Resul
         return Ok(Action::Keep);
     }
     Ok(match name.strip_suffix(".weight") {
-        Some(module) if a.ndim()? == 2 => Action::Quantize { module: module.to_string(), transpose: false },
+        Some(module) if a.ndim()? == 2 => Action::Quantize { module: module.to_string(), transpose: false, group_size },
         _ => Action::Keep,
     })
 }
 
-fn dspark_action(name: &str, a: &Array, path: &Path) -> Result<Action> {
+fn dspark_action(name: &str, a: &Array, path: &Path, group_size: u32) -> Result<Action> {
     let transpose = match param_kind(name) {
         ParamKind::Matrix => true,
         ParamKind::GatherTable => false,
@@ -137,7 +157,7 @@ fn dspark_action(name: &str, a: &Array, path: &Path) -> Result<Action> {
     if a.ndim()? != 2 {
         return Err(Error::NotMatrix { path: path.to_path_buf(), tensor: name.to_string(), shape: a.shape()? });
     }
-    Ok(Action::Quantize { module: name.to_string(), transpose })
+    Ok(Action::Quantize { module: name.to_string(), transpose, group_size })
 }
 
 /// Maps a detection failure to "target model" (pointing at the target quantizer) or
@@ -159,6 +179,6 @@ fn not_a_drafter(src: &Path, e: spec_decode::Error) -> Error {
 }
 
 pub(crate) fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let text = mlx_core::files::read_text(path, mlx_core::files::JSON_LIMIT).map_err(io(path))?;
     serde_json::from_str(&text).map_err(|source| Error::Json { path: path.to_path_buf(), source })
 }

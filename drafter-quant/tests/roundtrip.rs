@@ -259,3 +259,35 @@ fn aux_files_are_copied() {
     assert_eq!(std::fs::read(dst.join("tokenizer.json")).unwrap(), b"{}");
     assert!(dst.join("generation_config.json").is_file());
 }
+
+/// `--dtype auto` on the CPU loads a quantized drafter dequantized: dense f32 weights holding
+/// the quantization's values, drafting what the quantized drafter drafts up to rounding.
+#[test]
+fn a_quantized_drafter_loads_dequantized_when_asked() {
+    let s = Scratch::create("dsp-dequant");
+    let src = write_dspark(&s.join("src"), dspark_config(64));
+    let dst = s.join("q");
+    run(&src, &dst, &opts(8, 64, Smoke::Off)).0.unwrap();
+    let target = smoke::tiny_target(0).unwrap();
+    let packed = spec_decode::dspark::DSparkDrafter::load(&dst, target.config()).unwrap();
+    assert!(packed.is_quantized());
+    let dense = spec_decode::dspark::DSparkDrafter::load_as(&dst, target.config(), true).unwrap();
+    assert!(!dense.is_quantized(), "every quantized matrix is dense after the load");
+    assert!(dense.trainable_params().is_ok());
+    // The same draft distribution as the packed drafter, to rounding.
+    let v = target.config().vocab_size;
+    let row0 = |mut d: Box<dyn spec_decode::Drafter>| {
+        let logits = smoke::draft_round(d.as_mut(), &target).unwrap().logits.unwrap().to_f32_vec().unwrap();
+        logits[..v].to_vec()
+    };
+    let (x, y) = (row0(Box::new(packed)), row0(Box::new(dense)));
+    let scale = x.iter().map(|p| p.abs()).fold(0.0, f32::max);
+    let gap = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max);
+    assert!(gap <= 1e-2 * scale, "dequantized logits move by {gap} of {scale}");
+    // Through the loader entry point too, DeepSpec included.
+    let ds_src = write_deepspec(&s.join("ds"), &deepspec_opts());
+    let ds_q = s.join("ds-q");
+    run(&ds_src, &ds_q, &opts(8, 64, Smoke::Off)).0.unwrap();
+    assert!(spec_decode::load_drafter_as(&ds_q, &tiny_config_a(), true).is_ok());
+    assert!(spec_decode::load_drafter_as(&dst, target.config(), true).is_ok());
+}

@@ -56,7 +56,7 @@ pub struct Args {
     /// for others.
     #[arg(long)]
     prompt_file: Option<PathBuf>,
-    /// Number of prompts (1 to 100000; `cargo xtask train-default` calibrates the default on 3000).
+    /// Number of prompts (2 to 100000; `cargo xtask train-default` calibrates the default on 3000).
     #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
     prompts: usize,
     /// Tokens generated per prompt (at least 1).
@@ -100,8 +100,9 @@ fn check_flags(a: &Args) -> Result<()> {
     if a.tokens == 0 {
         bail!("--tokens 0: expected at least 1 token per prompt");
     }
-    if !(1..=MAX_PROMPTS).contains(&a.prompts) {
-        bail!("--prompts {}: expected 1 to {MAX_PROMPTS} prompts", a.prompts);
+    // Prompts alternate between the fitting half and the held-out half: one is not enough.
+    if !(2..=MAX_PROMPTS).contains(&a.prompts) {
+        bail!("--prompts {}: expected 2 to {MAX_PROMPTS} prompts (half fit, half held out)", a.prompts);
     }
     if let Some(t) = a.temperatures.iter().find(|t| !(t.is_finite() && **t >= 0.0)) {
         bail!("--temperatures: {t} is not a temperature (expected 0 for greedy, or positive)");
@@ -111,15 +112,24 @@ fn check_flags(a: &Args) -> Result<()> {
     if greedy > 1 || sampled > 1 || greedy + sampled == 0 {
         bail!("--temperatures {:?}: expected 0 (greedy), one positive temperature (sampled), or both", a.temperatures);
     }
+    // Every output is checked before hours of speculative runs, not only after them.
     if let Some(out) = &a.out {
-        // Refused before hours of speculative runs, not only after them.
         refuse_nonempty_out(out)?;
+        crate::paths::check_creatable_dir(out, "--out")?;
+    } else if a.drafter != "default" {
+        // Calibrated in place: the drafter's own directory takes the new dspark.json.
+        let dir = Path::new(&a.drafter);
+        if dir.is_dir() {
+            crate::paths::check_writable_dir(dir).map_err(|e| {
+                anyhow::anyhow!("--drafter {}: calibrating in place, but {e}; pass --out DIR", dir.display())
+            })?;
+        }
     }
     if let Some(path) = &a.rounds_out {
-        let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        if !parent.is_dir() {
-            bail!("--rounds-out {}: {} is not a directory", path.display(), parent.display());
-        }
+        crate::paths::check_output_file(path, "--rounds-out")?;
+    }
+    if let Some(path) = &a.plot {
+        crate::paths::check_output_file(path, "--plot")?;
     }
     if a.drafter == "default" {
         if let Some(m) = &a.model {
@@ -238,7 +248,8 @@ struct RoundLine {
 /// Every round a `--rounds-out` file holds; an error names the line that is not a round of at
 /// most `gamma` drafts.
 fn read_rounds(path: &Path, gamma: usize) -> Result<Vec<RoundLine>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading --rounds-in {}", path.display()))?;
+    let text = mlx_core::files::read_text(path, mlx_core::files::LARGE_TEXT_LIMIT)
+        .with_context(|| format!("reading --rounds-in {}", path.display()))?;
     let mut rounds = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let at = || format!("--rounds-in {} line {}", path.display(), n + 1);
@@ -285,8 +296,12 @@ fn load_prompts(
         }
         _ => synthetic_prompts(model.config().vocab_size, a.prompts, SYNTHETIC_PROMPT_LEN)?,
     };
-    if prompts.is_empty() {
-        bail!("no prompts: the prompt file has no non-blank lines");
+    if prompts.len() < 2 {
+        bail!(
+            "{} prompt(s): calibration needs at least 2 (half fit, half held out); the prompt file has too few \
+             non-blank lines",
+            prompts.len()
+        );
     }
     Ok((prompts, tok))
 }
@@ -453,6 +468,23 @@ pub fn run(a: Args) -> Result<()> {
         greedy: mode(true),
         sampled: mode(false),
     };
+    // The files next to the result are written first and the drafter last, so a failure on
+    // any of them leaves the drafter as it was and the run can simply be repeated.
+    if let Some(path) = &a.rounds_out {
+        crate::paths::write_atomically(path, dump.as_bytes())?;
+        println!("rounds written to {}", path.display());
+    }
+    let mut panels = Vec::new();
+    for m in &modes {
+        panels.push(panel(format!("{}: raw confidence", m.label), &Sts::identity(gamma), &m.held_out, gamma));
+        panels.push(panel(format!("{}: after STS and the isotonic maps", m.label), &m.sts, &m.held_out, gamma));
+    }
+    let title = format!("{}: survival vs all-accepted, held-out rounds", drafter.name());
+    if let Some(png) = &a.plot {
+        if crate::plot::reliability(png, &title, &panels, 2)? {
+            println!("reliability diagram: {}", png.display());
+        }
+    }
     let dest = match &a.out {
         Some(out) => {
             copy_drafter(&src, out)?;
@@ -463,20 +495,12 @@ pub fn run(a: Args) -> Result<()> {
     write_calibration(&dest, &cal)?;
     println!("\npruning thresholds by block position (precision {}): {thresholds:?}", a.target);
     println!("calibration written to {}", dest.display());
-    if let Some(path) = &a.rounds_out {
-        crate::paths::write_atomically(path, dump.as_bytes())?;
-        println!("rounds written to {}", path.display());
-    }
-
-    let mut panels = Vec::new();
-    for m in &modes {
-        panels.push(panel(format!("{}: raw confidence", m.label), &Sts::identity(gamma), &m.held_out, gamma));
-        panels.push(panel(format!("{}: after STS and the isotonic maps", m.label), &m.sts, &m.held_out, gamma));
-    }
-    let png = a.plot.clone().unwrap_or_else(|| dest.join("reliability.png"));
-    let title = format!("{}: survival vs all-accepted, held-out rounds", drafter.name());
-    if crate::plot::reliability(&png, &title, &panels, 2)? {
-        println!("reliability diagram: {}", png.display());
+    if a.plot.is_none() {
+        // The default diagram lives in the calibrated drafter's directory.
+        let png = dest.join("reliability.png");
+        if crate::plot::reliability(&png, &title, &panels, 2)? {
+            println!("reliability diagram: {}", png.display());
+        }
     }
     Ok(())
 }

@@ -23,8 +23,11 @@ pub struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Prompt text (encoded with the checkpoint's tokenizer.json). Default: "def fibonacci(n):".
-    #[arg(long, conflicts_with = "tokens")]
+    #[arg(long, conflicts_with_all = ["tokens", "prompt_file"])]
     prompt: Option<String>,
+    /// Read the prompt text from this file (`-` for standard input), newlines and all.
+    #[arg(long, conflicts_with = "tokens")]
+    prompt_file: Option<PathBuf>,
     /// Prompt as raw token ids, comma- or space-separated; output is printed as ids.
     #[arg(long)]
     tokens: Option<String>,
@@ -53,8 +56,8 @@ pub struct Args {
     #[arg(long, default_value = "cpu")]
     device: Device,
     /// Compute dtype: auto (f32 on the CPU when the weights fit in half the free memory,
-    /// quantized weights dequantized; as stored on a GPU), stored, f32, bf16 or f16. Files on
-    /// disk are not changed.
+    /// quantized weights dequantized, a quantized drafter's too; as stored on a GPU), stored,
+    /// f32, bf16 or f16. Files on disk are not changed.
     #[arg(long, default_value = "auto")]
     dtype: ComputeDtype,
     /// Speculative decoding with this drafter: a DSpark (dspark.json) or DeepSpec
@@ -97,6 +100,30 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
+/// The most prompt text `--prompt-file` reads: far beyond any context, small enough to refuse
+/// an endless device or a wrong file before it fills memory.
+const MAX_PROMPT_BYTES: u64 = 64 << 20;
+
+/// Reads `--prompt-file` (`-`: standard input) as UTF-8 text.
+fn read_prompt_file(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let (what, reader): (String, Box<dyn Read>) = if path.as_os_str() == "-" {
+        ("standard input".into(), Box::new(std::io::stdin().lock()))
+    } else {
+        let f = std::fs::File::open(path).with_context(|| format!("--prompt-file: cannot open {}", path.display()))?;
+        (path.display().to_string(), Box::new(f))
+    };
+    let mut bytes = Vec::new();
+    reader
+        .take(MAX_PROMPT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("--prompt-file: cannot read {what}"))?;
+    if bytes.len() as u64 > MAX_PROMPT_BYTES {
+        bail!("--prompt-file: {what} holds more than {} MiB; expected a prompt", MAX_PROMPT_BYTES >> 20);
+    }
+    String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("--prompt-file: {what} is not UTF-8 text ({e})"))
+}
+
 /// Runs the subcommand: flags are checked first, then the model (and drafter) load, and the
 /// continuation streams to stdout with stats on stderr.
 pub fn run(a: Args) -> Result<()> {
@@ -109,10 +136,18 @@ pub fn run(a: Args) -> Result<()> {
     };
     // Ranges first, before anything is loaded or written (top_k is checked against the
     // vocabulary once the model is loaded).
-    sampler.validate(usize::MAX)?;
+    if let Err(e) = gemma4::sampling::check_temperature(a.temperature) {
+        bail!("--temperature: {e}");
+    }
+    sampler.validate_ranges()?;
     let parsed_tokens = a.tokens.as_deref().map(parse_ids).transpose()?;
-    if a.chat && a.prompt.is_none() {
-        bail!("--chat renders a text --prompt as a chat message; give --prompt");
+    let prompt_text = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(f)) => Some(read_prompt_file(f)?),
+        (None, None) => None,
+    };
+    if a.chat && prompt_text.is_none() {
+        bail!("--chat renders a text prompt as a chat message; give --prompt or --prompt-file");
     }
     // The default model comes with its drafter; `--drafter none` decodes plainly.
     let drafter_arg = crate::paths::drafter_choice(a.model.as_deref(), a.drafter.as_deref());
@@ -133,12 +168,15 @@ pub fn run(a: Args) -> Result<()> {
     let (model, resolved) =
         Model::load_as(&dir, a.dtype, a.device).with_context(|| format!("loading the model in {}", dir.display()))?;
     eprintln!("dspark: loaded {} computing in {}", dir.display(), resolved.describe());
+    if let Err(e) = gemma4::sampling::check_top_k(a.top_k, model.config().vocab_size) {
+        bail!("--top-k: {e}");
+    }
     // Text prompts need the tokenizer; with --tokens it is only read (if the checkpoint has
     // one) for the end-of-sequence fallback when the config names no eos ids.
     let needs_tokenizer = a.tokens.is_none()
         || (!a.ignore_eos && model.config().eos_token_ids.is_empty() && dir.join("tokenizer.json").is_file());
     let tokenizer = if needs_tokenizer { Some(Tokenizer::from_dir(&dir)?) } else { None };
-    let prompt: Vec<u32> = match (parsed_tokens, &a.prompt, &tokenizer) {
+    let prompt: Vec<u32> = match (parsed_tokens, &prompt_text, &tokenizer) {
         (Some(t), _, _) => t,
         (None, Some(p), Some(tok)) if a.chat => {
             let template = ChatTemplate::of(tok)?;
@@ -150,7 +188,7 @@ pub fn run(a: Args) -> Result<()> {
             eprintln!("dspark: no --prompt given, using {default:?}");
             tok.encode(default, true)?
         }
-        _ => bail!("give --prompt or --tokens"),
+        _ => bail!("give --prompt, --prompt-file or --tokens"),
     };
     if prompt.is_empty() {
         bail!("the prompt encodes to no tokens");
@@ -171,7 +209,7 @@ pub fn run(a: Args) -> Result<()> {
             let ddir = if d == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(d) };
             eprintln!("dspark: loading drafter {}", ddir.display());
             Some(
-                spec_decode::loader::load_drafter(&ddir, model.config())
+                spec_decode::loader::load_drafter_as(&ddir, model.config(), resolved.conversion.dequantize)
                     .with_context(|| format!("loading the drafter in {}", ddir.display()))?,
             )
         }
@@ -236,13 +274,19 @@ pub fn run(a: Args) -> Result<()> {
                 let plain_ms = plain.stats.prefill_ms + plain.stats.decode_ms;
                 let spec_ms = stats.prefill_ms + stats.decode_ms;
                 let rate = |n: usize, ms: f64| n as f64 / (ms / 1e3).max(1e-9);
+                // A ratio of times is a speedup only when both runs produced tokens (an
+                // end-of-sequence first token makes both runs a prefill).
+                let speedup = if plain.tokens.is_empty() || res.tokens.is_empty() {
+                    "speedup n/a (a run generated no tokens)".to_string()
+                } else {
+                    format!("speedup {:.2}x", plain_ms / spec_ms.max(1e-9))
+                };
                 eprintln!(
-                    "end to end, {} prompt + {} generated tokens: plain {plain_ms:.1} ms ({:.1} tok/s) | speculative {spec_ms:.1} ms ({:.1} tok/s) | speedup {:.2}x | outputs identical: {same}",
+                    "end to end, {} prompt + {} generated tokens: plain {plain_ms:.1} ms ({:.1} tok/s) | speculative {spec_ms:.1} ms ({:.1} tok/s) | {speedup} | outputs identical: {same}",
                     prompt.len(),
                     res.tokens.len(),
                     rate(plain.tokens.len(), plain_ms),
                     rate(res.tokens.len(), spec_ms),
-                    plain_ms / spec_ms.max(1e-9)
                 );
                 if cfg.sampler.is_greedy() && !same {
                     bail!("greedy speculative output differs from plain greedy output");

@@ -34,6 +34,44 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     })
 }
 
+/// Checks, before any work, that a file can later be written at `path`: it is not a directory,
+/// and its directory exists and takes new files (probed with a file created and removed).
+/// `flag` names the option in the error.
+pub fn check_output_file(path: &Path, flag: &str) -> anyhow::Result<()> {
+    if path.is_dir() {
+        anyhow::bail!("{flag} {}: is a directory; expected a file path", path.display());
+    }
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        anyhow::bail!("{flag} {}: {} is not a directory", path.display(), parent.display());
+    }
+    check_writable_dir(parent).map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))
+}
+
+/// Checks, before any work, that a directory can later be created (or filled) at `dir`: its
+/// nearest existing ancestor (or `dir` itself) is a directory that takes new files.
+pub fn check_creatable_dir(dir: &Path, flag: &str) -> anyhow::Result<()> {
+    let abs = std::path::absolute(dir).map_err(|e| anyhow::anyhow!("{flag} {}: {e}", dir.display()))?;
+    let existing = abs.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    if !existing.is_dir() {
+        anyhow::bail!("{flag} {}: {} is not a directory", dir.display(), existing.display());
+    }
+    check_writable_dir(existing).map_err(|e| anyhow::anyhow!("{flag} {}: {e}", dir.display()))
+}
+
+/// Whether new files can be created in the existing directory `dir` (permissions, read-only
+/// mounts): a probe file is created and removed. The error says which directory refused.
+pub fn check_writable_dir(dir: &Path) -> anyhow::Result<()> {
+    let probe = dir.join(format!(".dspark-write-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => anyhow::bail!("cannot create files in {} ({e})", dir.display()),
+    }
+}
+
 /// `p` made absolute with symlinks resolved: the nearest existing ancestor is canonicalized and
 /// the rest (which does not exist yet, so has no links) appended with `.` and `..` applied.
 pub fn resolve(p: &Path) -> Result<PathBuf, OutDirError> {
@@ -182,6 +220,21 @@ mod tests {
         std::os::unix::fs::symlink(s.0.join("model"), s.0.join("alias")).unwrap();
         let e = check_out_dir(&s.0.join("model"), &s.0.join("alias")).unwrap_err();
         assert!(matches!(e, OutDirError::IsSource { .. }), "{e}");
+    }
+
+    #[test]
+    fn output_files_need_a_writable_directory_and_must_not_be_one() {
+        let s = Scratch::new("outfile");
+        check_output_file(&s.0.join("sibling/rounds.jsonl"), "--rounds-out").unwrap();
+        let e = check_output_file(&s.0.join("sibling"), "--rounds-out").unwrap_err().to_string();
+        assert!(e.contains("--rounds-out") && e.contains("is a directory"), "{e}");
+        std::fs::write(s.0.join("file"), "x").unwrap();
+        let e = check_output_file(&s.0.join("file/rounds.jsonl"), "--plot").unwrap_err().to_string();
+        assert!(e.contains("--plot") && e.contains("is not a directory"), "{e}");
+        assert!(std::fs::read_dir(s.0.join("sibling")).unwrap().next().is_none(), "the probe must be removed");
+        check_creatable_dir(&s.0.join("sibling/new/deeper"), "--out").unwrap();
+        let e = check_creatable_dir(&s.0.join("file/new"), "--out").unwrap_err().to_string();
+        assert!(e.contains("--out") && e.contains("is not a directory"), "{e}");
     }
 
     #[test]

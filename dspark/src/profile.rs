@@ -49,6 +49,20 @@ pub fn run(a: Args) -> Result<()> {
     }
     let drafter_arg = crate::paths::drafter_choice(a.model.as_deref(), a.drafter.as_deref());
     let dir = crate::paths::select_target(a.model.as_deref(), drafter_arg, a.device)?;
+    // The cache must hold the context and the longest window: checked on config.json alone,
+    // before the weights load.
+    let positions = gemma4::TextConfig::from_dir(&dir)
+        .with_context(|| format!("reading the model's config in {}", dir.display()))?
+        .max_position_embeddings;
+    let shortest = a.max_n.unwrap_or(2);
+    if a.context + shortest > positions {
+        bail!(
+            "--context {}: the model holds {positions} positions (max_position_embeddings), and the context \
+             plus a window of {shortest} tokens must fit; expected at most {}",
+            a.context,
+            positions.saturating_sub(shortest)
+        );
+    }
     let (model, resolved) =
         Model::load_as(&dir, a.dtype, a.device).with_context(|| format!("loading the model in {}", dir.display()))?;
     let mut drafter = match drafter_arg {
@@ -56,7 +70,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(d) => {
             let ddir = if d == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(d) };
             Some(
-                spec_decode::loader::load_drafter(&ddir, model.config())
+                spec_decode::loader::load_drafter_as(&ddir, model.config(), resolved.conversion.dequantize)
                     .with_context(|| format!("loading the drafter in {}", ddir.display()))?,
             )
         }

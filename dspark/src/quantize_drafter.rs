@@ -8,7 +8,8 @@ use drafter_quant::{human_bytes, quantize_drafter, Progress, QuantizeOptions, Sm
 /// Arguments of `dspark quantize-drafter`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// The bf16 drafter checkpoint (DeepSpec config.json or DSpark dspark.json).
+    /// The unquantized drafter checkpoint (DeepSpec config.json, bf16; or DSpark dspark.json,
+    /// f32 like the embedded default).
     #[arg(long, value_name = "DIR")]
     pub src: PathBuf,
     /// Output directory [default: SRC-affine-qBITS-gGROUP_SIZE].
@@ -17,7 +18,8 @@ pub struct Args {
     /// Bits per weight: 4 or 8.
     #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
     pub bits: u32,
-    /// Weights per scale/bias group: 32 or 64.
+    /// Weights per scale/bias group: 32, 64 or 128. A matrix it does not divide gets the largest
+    /// smaller size that does (or stays unquantized), and the run names it.
     #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub group_size: u32,
     /// Replace a non-empty output directory.

@@ -86,10 +86,37 @@ const PSF_NOTICE: &str = "The weights in this directory were trained by dspark-r
 standard library, Copyright (c) 2001 Python Software Foundation; All Rights Reserved,\n\
 distributed under the PSF License Agreement (https://docs.python.org/3/license.html).\n";
 
+/// A settings error worded with the flag that sets the field (`seq_len` → `--seq-len`).
+fn flag_error(e: train::Error) -> String {
+    match e {
+        train::Error::Invalid { what, detail } => format!("--{} {detail}", what.replace('_', "-")),
+        other => other.to_string(),
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     if a.out.exists() && !a.force {
         bail!("--out {} exists; pass --force to replace it", a.out.display());
     }
+    // Every flag and the config they imply are checked before the corpus is read and the
+    // tokenizer trained (tens of seconds).
+    let tc = TargetTrainConfig {
+        steps: a.steps,
+        batch: a.batch,
+        seq_len: a.seq_len,
+        lr: a.lr,
+        warmup: a.warmup,
+        seed: a.seed,
+        eval_every: a.eval_every,
+        ..Default::default()
+    };
+    tc.validate().map_err(|e| anyhow::anyhow!("{}", flag_error(e)))?;
+    if a.vocab < 256 + SPECIALS.len() {
+        bail!("--vocab {}: a byte-level BPE needs at least {} tokens", a.vocab, 256 + SPECIALS.len());
+    }
+    small_config(a.vocab, a.hidden, a.layers, a.heads, a.window).map_err(|e| {
+        anyhow::anyhow!("--hidden {} --layers {} --heads {} --window {}: {e}", a.hidden, a.layers, a.heads, a.window)
+    })?;
     let root = stdlib_dir(Some(&a.python))?;
     let files = list_sources(&root)?;
     let train_docs = read_split(&files, Split::Train);
@@ -126,16 +153,6 @@ pub fn run(a: Args) -> Result<()> {
         val_ids.len()
     );
     let cfg = small_config(vocab, a.hidden, a.layers, a.heads, a.window)?;
-    let tc = TargetTrainConfig {
-        steps: a.steps,
-        batch: a.batch,
-        seq_len: a.seq_len,
-        lr: a.lr,
-        warmup: a.warmup,
-        seed: a.seed,
-        eval_every: a.eval_every,
-        ..Default::default()
-    };
     let init = init_params(&cfg, a.seed)?;
     let n_params: usize = init.1.iter().map(|p| p.size().unwrap_or(0)).sum();
     eprintln!("dspark: target of {:.2}M parameters ({} layers, hidden {})", n_params as f64 / 1e6, a.layers, a.hidden);

@@ -124,7 +124,12 @@ fn negative_values_reach_the_range_checks() {
     let sc = Scratch::create("negative");
     let home = sc.join("home");
     let r = dspark(&home, &["generate", "--tokens", "5", "--temperature", "-1"]);
-    fails_with(&r, &["temperature must be ≥ 0, got -1"]);
+    fails_with(&r, &["--temperature", "got -1"]);
+    // Finite and positive, but 1/T leaves f32 (it failed inside MLX before).
+    for t in ["1e308", "1e-300", "1e-45"] {
+        let r = dspark(&home, &["generate", "--tokens", "5", "--temperature", t]);
+        fails_with(&r, &["--temperature", "1/T"]);
+    }
     let r = dspark(&home, &["generate", "--tokens", "5", "--top-p", "-0.5"]);
     fails_with(&r, &["top_p must be in [0, 1], got -0.5"]);
     let r = dspark(&home, &["calibrate", "--drafter", "d", "--target", "-0.5"]);
@@ -142,8 +147,12 @@ fn calibrate_refuses_bad_flags_before_writing_anything() {
     let model = write_target(&sc.join("model"));
     let drafter = write_drafter(&sc.join("drafter"));
     let home = sc.join("home");
+    std::fs::write(sc.join("a-file"), "not a directory").unwrap();
+    let (file, dir_path) = (sc.join("a-file"), sc.join("drafter"));
+    let in_file = format!("{}/x", s(&file));
+    let (in_file, file_s, dir_s) = (in_file.as_str(), s(&file), s(&dir_path));
     let before = snapshot(&sc.0);
-    let bad: [(&[&str], &str); 9] = [
+    let bad: &[(&[&str], &str)] = &[
         (&["--target", "nan"], "--target NaN"),
         (&["--target", "inf"], "--target inf"),
         (&["--target", "0"], "--target 0"),
@@ -152,9 +161,16 @@ fn calibrate_refuses_bad_flags_before_writing_anything() {
         (&["--prompts", "0"], "--prompts 0"),
         (&["--prompts", "4000000000"], "--prompts 4000000000"),
         (&["--prompts", "4294967296"], "--prompts 4294967296"),
-        (&["--prompts", "100001"], "expected 1 to 100000"),
+        (&["--prompts", "100001"], "expected 2 to 100000"),
+        (&["--prompts", "1"], "expected 2 to 100000"),
+        // Outputs that cannot be written are found before the decodes, not after them.
+        (&["--rounds-out", dir_s], "--rounds-out"),
+        (&["--rounds-out", in_file], "is not a directory"),
+        (&["--plot", in_file], "--plot"),
+        (&["--out", in_file], "--out"),
+        (&["--out", file_s], "--out"),
     ];
-    for (flags, msg) in bad {
+    for &(flags, msg) in bad {
         let mut args = vec!["calibrate", "--model", s(&model), "--drafter", s(&drafter), "--force"];
         args.extend_from_slice(flags);
         let r = dspark(&home, &args);
@@ -329,4 +345,114 @@ fn serve_and_generate_refuse_bad_serving_flags() {
     fails_with(&r, &["--stop"]);
     let r = dspark(&home, &["generate", "--tokens", "5 6", "--chat"]);
     fails_with(&r, &["--prompt"]);
+}
+
+#[test]
+fn generate_reads_a_prompt_file_or_standard_input() {
+    let sc = Scratch::create("prompt-file");
+    let model = write_target(&sc.join("model"));
+    let home = sc.join("home");
+    let text = "t5 t6\nt7 t8\n";
+    let file = sc.join("prompt.txt");
+    std::fs::write(&file, text).unwrap();
+    let base = ["generate", "--model", s(&model), "--max-tokens", "6", "--drafter", "none"];
+    let direct = dspark(&home, &[&base[..], &["--prompt", text]].concat());
+    assert!(direct.status.success(), "{}", String::from_utf8_lossy(&direct.stderr));
+    let from_file = dspark(&home, &[&base[..], &["--prompt-file", s(&file)]].concat());
+    assert!(from_file.status.success(), "{}", String::from_utf8_lossy(&from_file.stderr));
+    assert_eq!(from_file.stdout, direct.stdout, "a prompt file is the same prompt as --prompt");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dspark"))
+        .args([&base[..], &["--prompt-file", "-"]].concat())
+        .env("DSPARK_HOME", &home)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let piped = child.wait_with_output().unwrap();
+    assert!(piped.status.success(), "{}", String::from_utf8_lossy(&piped.stderr));
+    assert_eq!(piped.stdout, direct.stdout, "- reads standard input");
+    let r = dspark(&home, &[&base[..], &["--prompt-file", s(&sc.join("missing.txt"))]].concat());
+    fails_with(&r, &["--prompt-file", "missing.txt"]);
+    let r = dspark(&home, &[&base[..], &["--prompt-file", s(&file), "--prompt", "t5"]].concat());
+    assert!(!r.status.success(), "--prompt and --prompt-file conflict");
+}
+
+#[test]
+fn flags_out_of_the_models_range_are_refused_with_the_range() {
+    let sc = Scratch::create("model-ranges");
+    let model = write_target(&sc.join("model"));
+    let home = sc.join("home");
+    let r = dspark(
+        &home,
+        &["generate", "--model", s(&model), "--tokens", "5", "--temperature", "1", "--top-k", "18446744073709551615"],
+    );
+    fails_with(&r, &["--top-k", "below the vocabulary of"]);
+    assert!(!String::from_utf8_lossy(&r.stderr).contains("(0, 18446744073709551615)"));
+    // The context must fit the model's positions, found from config.json before the weights.
+    let r = dspark(&home, &["profile", "--model", s(&model), "--drafter", "none", "--context", "100000"]);
+    fails_with(&r, &["--context 100000", "max_position_embeddings"]);
+    assert!(!model.join("dspark-profile.json").exists());
+}
+
+#[test]
+fn compare_prints_no_speedup_when_a_run_generated_nothing() {
+    let sc = Scratch::create("compare-empty");
+    let mut cfg = tiny_config_a();
+    cfg.eos_token_ids = vec![];
+    let model = write_random_checkpoint(&sc.join("model"), &cfg, 3, Dtype::Bf16, 1, false).expect("target");
+    let home = sc.join("home");
+    let base = ["generate", "--model", s(&model), "--tokens", "5 6", "--max-tokens", "4", "--drafter", "self"];
+    let r = dspark(&home, &[&base[..], &["--ignore-eos"]].concat());
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let first: u32 = String::from_utf8_lossy(&r.stdout).split_whitespace().next().unwrap().parse().unwrap();
+    // The first greedy token becomes end-of-sequence: both runs stop before emitting anything.
+    std::fs::write(model.join("tokenizer_config.json"), format!(r#"{{"eos_token": "t{first}"}}"#)).unwrap();
+    let r = dspark(&home, &[&base[..], &["--compare"]].concat());
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(err.contains("speedup n/a"), "{err}");
+    assert!(err.match_indices("speedup ").all(|(i, _)| err[i + 8..].starts_with("n/a")), "{err}");
+}
+
+#[test]
+fn train_target_checks_every_flag_before_reading_the_corpus() {
+    let sc = Scratch::create("train-target-flags");
+    let home = sc.join("home");
+    let out = sc.join("out");
+    for (flags, needle) in [
+        (&["--lr", "nan"][..], "--lr NaN"),
+        (&["--lr", "0"], "--lr 0"),
+        (&["--seq-len", "1"], "--seq-len 1"),
+        (&["--batch", "0"], "--batch 0"),
+        (&["--steps", "0"], "--steps 0"),
+        (&["--hidden", "0"], "hidden must be at least 1"),
+        (&["--layers", "0"], "layers must be at least 1"),
+        (&["--window", "0"], "window must be at least 1"),
+        (&["--heads", "3"], "multiple of heads 3"),
+        (&["--vocab", "100"], "--vocab 100"),
+    ] {
+        let r = dspark(&home, &[&["train-target", "--out", s(&out)][..], flags].concat());
+        fails_with(&r, &[needle]);
+        assert!(!String::from_utf8_lossy(&r.stderr).contains("corpus"), "{flags:?} read the corpus first");
+        assert!(!out.exists());
+    }
+}
+
+#[test]
+fn the_default_drafter_quantizes_with_its_default_group_size() {
+    let sc = Scratch::create("quantize-default");
+    let home = sc.join("home");
+    let r = dspark(&home, &["init-default"]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let stdout = String::from_utf8_lossy(&r.stdout).to_string();
+    let drafter = PathBuf::from(stdout.lines().nth(1).expect("the drafter's path"));
+    let out = sc.join("q8");
+    let r = dspark(&home, &["quantize-drafter", "--src", s(&drafter), "--out", s(&out), "--bits", "8"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(err.contains("markov.w1") && err.contains("group size 32"), "{err}");
+    assert!(out.join("dspark.json").is_file());
 }

@@ -36,7 +36,7 @@ impl ChatTemplate {
         let (src, origin) = match tok.chat_template() {
             Some(src) => (src.to_string(), tok.path().with_file_name("tokenizer_config.json")),
             None if jinja.is_file() => {
-                let src = std::fs::read_to_string(&jinja)
+                let src = mlx_core::files::read_text(&jinja, mlx_core::files::JSON_LIMIT)
                     .map_err(|e| ChatTemplateError { origin: jinja.display().to_string(), detail: e.to_string() })?;
                 (src, jinja)
             }

@@ -46,6 +46,9 @@ pub enum Error {
     Cache(#[from] crate::cache::CacheError),
     #[error("{op}: {detail}")]
     Input { op: &'static str, detail: String },
+    /// A loaded checkpoint computed non-finite values.
+    #[error("{}: {detail}", dir.display())]
+    NonFinite { dir: PathBuf, detail: String },
 }
 
 /// Result alias.

@@ -147,7 +147,9 @@ impl<'m> Decoder<'m> {
         let mut cache = model.new_cache();
         let mut pending = None;
         if cfg.max_tokens > 0 {
-            let lp = logprobs(&prefill(model, &mut cache, prompt, cfg.prefill_step)?)?;
+            let logits = prefill(model, &mut cache, prompt, cfg.prefill_step)?;
+            model.check_first_logits(&logits)?;
+            let lp = logprobs(&logits)?;
             let y = sampler.sample(&lp)?;
             async_eval(&[&y, &lp])?;
             pending = Some((y, lp));
@@ -176,7 +178,9 @@ impl<'m> Decoder<'m> {
         let mut sampler = Sampler::new(cfg.sampler.clone(), cfg.seed)?;
         let mut pending = None;
         if cfg.max_tokens > 0 {
-            let lp = logprobs(&step_logits(model, &mut cache, &ids_array(&[last])?)?)?;
+            let logits = step_logits(model, &mut cache, &ids_array(&[last])?)?;
+            model.check_first_logits(&logits)?;
+            let lp = logprobs(&logits)?;
             let y = sampler.sample(&lp)?;
             async_eval(&[&y, &lp])?;
             pending = Some((y, lp));

@@ -41,6 +41,11 @@ pub struct Model {
     layers: Vec<DecoderLayer>,
     norm: Array,
     lm_head: Option<Linear>,
+    /// The checkpoint directory, for errors about its weights (None when built in memory).
+    source: Option<std::path::PathBuf>,
+    /// Whether the first logits were checked for non-finite values (see
+    /// [`Model::check_first_logits`]).
+    logits_checked: std::sync::atomic::AtomicBool,
 }
 
 impl Model {
@@ -66,8 +71,9 @@ impl Model {
         if resolved.conversion.dequantize {
             cfg.quantization = None;
         }
-        let model = Model::from_weights(cfg, &mut wm)?;
+        let mut model = Model::from_weights(cfg, &mut wm)?;
         wm.finish()?;
+        model.source = Some(dir.to_path_buf());
         Ok((model, resolved))
     }
 
@@ -100,7 +106,8 @@ impl Model {
         let norm = wm.get_shaped("norm.weight", &[h as i32])?;
         let lm_head =
             if cfg.tie_word_embeddings { None } else { Some(Linear::load(wm, "lm_head", cfg.vocab_size, h)?) };
-        Ok(Model { cfg, embed_tokens, ple, layers, norm, lm_head })
+        let logits_checked = std::sync::atomic::AtomicBool::new(false);
+        Ok(Model { cfg, embed_tokens, ple, layers, norm, lm_head, source: None, logits_checked })
     }
 
     /// The validated config.
@@ -176,6 +183,33 @@ impl Model {
             Some(c) => logits.div_scalar(c as f64)?.tanh()?.mul_scalar(c as f64)?,
             None => logits,
         })
+    }
+
+    /// Refuses non-finite logits the first time a model loaded from disk produces any (the
+    /// first forward of a request: prefill or first verify). NaN or infinite weights otherwise
+    /// decode silently into pad tokens (the argmax of NaNs). One host read per loaded model;
+    /// later calls return at once, and models built in memory (training) are not checked.
+    pub fn check_first_logits(&self, logits: &Array) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let Some(dir) = &self.source else { return Ok(()) };
+        if self.logits_checked.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // x − x is 0 for every finite x and NaN otherwise, and a sum of zeros cannot overflow.
+        let x = logits.astype(Dtype::F32)?;
+        let bad = x.subtract(&x)?.sum_all()?.item::<f32>()? != 0.0;
+        if bad {
+            return Err(Error::NonFinite {
+                dir: dir.clone(),
+                detail: format!(
+                    "the first forward gave non-finite logits (NaN or infinity) computing in {}; the weights hold \
+                     non-finite values or overflow this dtype",
+                    self.dtype()
+                ),
+            });
+        }
+        self.logits_checked.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// `logits_from_hidden(forward(ids))` // `[B, L]` -> `[B, L, V]`
@@ -340,7 +374,7 @@ fn refuse_drafter(dir: &Path) -> Result<()> {
     if dir.join("dspark.json").is_file() {
         return not_target("dspark.json is present".into());
     }
-    let config = std::fs::read_to_string(dir.join("config.json")).ok();
+    let config = mlx_core::files::read_text(&dir.join("config.json"), mlx_core::files::JSON_LIMIT).ok();
     let value = config.and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
     let archs = value.as_ref().and_then(|v| v.get("architectures")).and_then(|a| a.as_array());
     if let Some(arch) = archs.into_iter().flatten().filter_map(|a| a.as_str()).find(|a| *a == "Gemma4DSparkModel") {

@@ -40,12 +40,11 @@ impl SamplerConfig {
         self.temperature == 0.0
     }
 
-    /// Checks ranges against a vocabulary of `vocab` tokens.
-    pub fn validate(&self, vocab: usize) -> Result<()> {
+    /// Checks every range that does not depend on the vocabulary (top-k is checked by
+    /// [`SamplerConfig::validate`] once the model is known).
+    pub fn validate_ranges(&self) -> Result<()> {
         let bad = |detail: String| Err(Error::Input { op: "sampler", detail });
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return bad(format!("temperature must be ≥ 0, got {}", self.temperature));
-        }
+        check_temperature(self.temperature).or_else(|e| bad(format!("temperature: {e}")))?;
         if !(0.0..=1.0).contains(&self.top_p) {
             return bad(format!("top_p must be in [0, 1], got {}", self.top_p));
         }
@@ -55,11 +54,46 @@ impl SamplerConfig {
         if self.min_tokens_to_keep < 1 {
             return bad("min_tokens_to_keep must be ≥ 1".into());
         }
-        if self.top_k > 0 && self.top_k >= vocab {
-            return bad(format!("top_k must be in (0, {vocab}), got {}", self.top_k));
-        }
         Ok(())
     }
+
+    /// Checks every range against a vocabulary of `vocab` tokens.
+    pub fn validate(&self, vocab: usize) -> Result<()> {
+        self.validate_ranges()?;
+        check_top_k(self.top_k, vocab)
+            .map_err(|detail| Error::Input { op: "sampler", detail: format!("top_k: {detail}") })
+    }
+}
+
+/// A temperature the samplers can apply: 0 (greedy), or a positive T whose factor 1/T is a
+/// normal, finite f32 (the kernels scale f32 logprobs by it: T = 1e-45 would make it infinite,
+/// T = 1e308 zero). Returns what is wrong in words.
+pub fn check_temperature(t: f64) -> std::result::Result<(), String> {
+    if t == 0.0 {
+        return Ok(());
+    }
+    let inv = (1.0 / t) as f32;
+    if t.is_finite() && t > 0.0 && inv.is_finite() && inv >= f32::MIN_POSITIVE {
+        return Ok(());
+    }
+    Err(format!(
+        "expected 0 (greedy) or a positive number between {:.1e} and {:.1e} (1/T must be a finite, \
+         positive f32), got {t}",
+        1.0 / f64::from(f32::MAX),
+        1.0 / f64::from(f32::MIN_POSITIVE)
+    ))
+}
+
+/// A top-k setting for a vocabulary of `vocab` tokens: 0 (off) or 1 ..= vocab − 1 (keeping
+/// every token is the same as off, and the filter needs a token to drop).
+pub fn check_top_k(k: usize, vocab: usize) -> std::result::Result<(), String> {
+    if k == 0 || k < vocab {
+        return Ok(());
+    }
+    Err(format!(
+        "expected 0 (off) or 1..={} (below the vocabulary of {vocab} tokens), got {k}",
+        vocab.saturating_sub(1)
+    ))
 }
 
 /// `logits − logsumexp(logits)` in the logits' dtype // `[.., V]`
@@ -146,5 +180,36 @@ impl Sampler {
         let scaled = filtered.mul_scalar(1.0 / self.cfg.temperature)?;
         let key = self.keys.next_key()?;
         Ok(categorical(&scaled, -1, &key)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temperatures_whose_inverse_leaves_f32_are_refused() {
+        for t in [0.0, 1.0, 0.7, 1e-30, 1e30] {
+            assert!(check_temperature(t).is_ok(), "{t}");
+        }
+        for t in [1e308, 1e-300, 1e-45, -0.5, f64::NAN, f64::INFINITY] {
+            let e = check_temperature(t).unwrap_err();
+            assert!(e.contains("1/T"), "{t}: {e}");
+        }
+        let cfg = SamplerConfig { temperature: 1e-45, ..SamplerConfig::default() };
+        assert!(cfg.validate_ranges().unwrap_err().to_string().contains("temperature"));
+    }
+
+    #[test]
+    fn top_k_states_the_vocabulary_range() {
+        assert!(check_top_k(0, 4096).is_ok());
+        assert!(check_top_k(4095, 4096).is_ok());
+        let e = check_top_k(usize::MAX, 4096).unwrap_err();
+        assert!(e.contains("1..=4095") && e.contains("4096"), "{e}");
+        assert!(!e.contains("18446744073709551615)"), "{e}");
+        // The vocabulary-free check does not look at top_k at all.
+        let cfg = SamplerConfig { top_k: usize::MAX, ..SamplerConfig::default() };
+        assert!(cfg.validate_ranges().is_ok());
+        assert!(cfg.validate(4096).is_err());
     }
 }

@@ -78,7 +78,7 @@ impl StagedDir {
         self.committed = true;
         if let Some(old) = &old {
             // The new output is in place; a leftover copy of the old one is cleaned next time.
-            let _ = std::fs::remove_dir_all(old);
+            let _ = remove_any(old);
         }
         Ok(self.dest.clone())
     }
@@ -139,11 +139,21 @@ pub fn recover(dest: &Path) -> Result<Recovery> {
     }
     for (path, _) in stale {
         // Best effort: a directory that cannot be deleted (another user's) is no reason to fail.
-        if rec.restored.as_ref() != Some(&path) && std::fs::remove_dir_all(&path).is_ok() {
+        if rec.restored.as_ref() != Some(&path) && remove_any(&path).is_ok() {
             rec.removed.push(path);
         }
     }
     Ok(rec)
+}
+
+/// Deletes a directory tree, or a file or link (a forced `dest` need not have been a
+/// directory, and `remove_dir_all` refuses anything else, which left parked files behind).
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether process `pid` exists: `/proc` where there is one, else `kill -0`. When neither can

@@ -62,10 +62,12 @@ impl Tokenizer {
     /// Loads `dir/tokenizer.json`, and `dir/tokenizer_config.json` if it exists.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
         let path = dir.join("tokenizer.json");
-        if let Err(source) = std::fs::metadata(&path) {
-            return Err(TokenizerError::Io { path, source });
-        }
-        let inner = tokenizers::Tokenizer::from_file(&path)
+        let text = match mlx_core::files::read_text(&path, mlx_core::files::LARGE_TEXT_LIMIT) {
+            Ok(t) => t,
+            Err(source) => return Err(TokenizerError::Io { path, source }),
+        };
+        let inner = text
+            .parse::<tokenizers::Tokenizer>()
             .map_err(|e| TokenizerError::Parse { path: path.clone(), detail: e.to_string() })?;
         let mut tok = Tokenizer { inner, path, bos: None, eos: None, pad: None, chat_template: None };
         let config_path = dir.join("tokenizer_config.json");
@@ -76,8 +78,8 @@ impl Tokenizer {
     }
 
     fn read_config(&mut self, path: &Path) -> Result<(), TokenizerError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| TokenizerError::Io { path: path.to_path_buf(), source })?;
+        let text = mlx_core::files::read_text(path, mlx_core::files::JSON_LIMIT)
+            .map_err(|source| TokenizerError::Io { path: path.to_path_buf(), source })?;
         let config_err = |detail: String| TokenizerError::Config { path: path.to_path_buf(), detail };
         let v: Value = serde_json::from_str(&text).map_err(|e| config_err(format!("invalid JSON: {e}")))?;
         if !v.is_object() {

@@ -231,6 +231,25 @@ fn corrupt_safetensors_names_the_file() {
     }
 }
 
+/// Header errors quote the header's own text, never the JSON parser's debug form.
+#[test]
+fn header_shape_and_dtype_errors_read_as_the_header_does() {
+    let dir = copy_of(base(), "header-words");
+    let path = dir.join(SHARD);
+    edit_header(&path, |h| h["model.norm.weight"]["shape"] = serde_json::json!([7, 3]));
+    let e = load_err(&dir);
+    assert_mentions(&e, &["model.norm.weight", "shape [7,3]"]);
+    assert!(!e.to_string().contains("Number("), "{e}");
+    let dir = copy_of(base(), "header-dtype");
+    let path = dir.join(SHARD);
+    edit_header(&path, |h| {
+        h["model.norm.weight"].as_object_mut().unwrap().remove("dtype");
+    });
+    let e = load_err(&dir);
+    assert_mentions(&e, &["model.norm.weight", "has no dtype"]);
+    assert!(!e.to_string().contains("dtype ?"), "{e}");
+}
+
 #[test]
 fn quantized_scales_of_the_wrong_shape() {
     // q_proj of layer 0: weight [128, 16] u32, scales/biases [128, 2] for 4 bits, group 64.
@@ -364,6 +383,55 @@ fn unreadable_config_names_config_json() {
     let e = load_err(&dir);
     assert!(matches!(&e, Error::Config(ConfigError::Io { path: p, .. }) if p == &path), "{e:?}");
     assert_mentions(&e, &[&path.display().to_string()]);
+}
+
+/// Files the loader reads that are endless devices or far too large are refused before they
+/// are read (a link to /dev/zero was read 6.5 GB deep before).
+#[cfg(unix)]
+#[test]
+fn config_and_tokenizer_that_are_devices_or_huge_are_refused_at_once() {
+    let dir = copy_of(base(), "config-device");
+    let path = dir.join("config.json");
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+    let t0 = std::time::Instant::now();
+    let e = load_err(&dir);
+    assert_mentions(&e, &[&path.display().to_string(), "not a regular file"]);
+    assert!(t0.elapsed().as_secs() < 5, "refusing took {:?}", t0.elapsed());
+
+    std::fs::remove_file(&path).unwrap();
+    let f = std::fs::File::create(&path).unwrap();
+    f.set_len(mlx_core::files::JSON_LIMIT + 1).unwrap(); // sparse: no disk used
+    let e = load_err(&dir);
+    assert_mentions(&e, &[&path.display().to_string(), "at most 16 MiB"]);
+
+    let tok = dir.join("tokenizer.json");
+    let _ = std::fs::remove_file(&tok);
+    std::os::unix::fs::symlink("/dev/zero", &tok).unwrap();
+    let Err(e) = gemma4::tokenizer::Tokenizer::from_dir(&dir) else { panic!("a device as tokenizer.json loaded") };
+    assert!(e.to_string().contains("tokenizer.json") && e.to_string().contains("not a regular file"), "{e}");
+}
+
+/// NaN weights load (checking every weight would read the whole checkpoint) but the first
+/// forward's logits are refused, naming the checkpoint, instead of decoding pad tokens.
+#[test]
+fn non_finite_weights_fail_on_the_first_forward_naming_the_checkpoint() {
+    use gemma4::generate::{generate, GenerateConfig};
+    let dir = copy_of(base(), "nan-weights");
+    edit_shard(&dir, SHARD, |t| {
+        let w = t.get("model.norm.weight").expect("fixture has model.norm.weight");
+        let nan = Array::scalar(f64::NAN, w.dtype()).unwrap();
+        let poisoned = w.multiply(&nan).unwrap();
+        t.insert("model.norm.weight".into(), poisoned);
+    });
+    let model = Model::load(&dir).unwrap();
+    let cfg = GenerateConfig { max_tokens: 4, ..Default::default() };
+    let e = generate(&model, &[2, 5, 6], &cfg, |_| {}).unwrap_err();
+    assert!(matches!(e, Error::NonFinite { .. }), "{e:?}");
+    assert_mentions(&e, &[&dir_str(&dir), "non-finite logits"]);
+    // The undamaged checkpoint passes the same check.
+    let ok = Model::load(&copy_of(base(), "finite-weights")).unwrap();
+    assert_eq!(generate(&ok, &[2, 5, 6], &cfg, |_| {}).unwrap().tokens.len(), 4);
 }
 
 #[test]

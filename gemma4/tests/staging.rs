@@ -101,3 +101,16 @@ fn staging_dirs_of_dead_runs_are_cleaned_and_live_ones_kept() {
     live.kill().unwrap();
     live.wait().unwrap();
 }
+
+#[test]
+fn a_forced_file_dest_leaves_no_parked_copy_behind() {
+    let parent = common::Scratch::new("staging-file-dest");
+    let dest = parent.join("out");
+    std::fs::create_dir_all(&*parent).unwrap();
+    std::fs::write(&dest, "a file where the output goes").unwrap();
+    let staged = StagedDir::new(&dest, true).unwrap();
+    write(staged.path(), "new");
+    staged.commit().unwrap();
+    assert_eq!(read(&dest), "new");
+    assert_eq!(siblings(&parent), vec!["out".to_string()], "the replaced file was parked and left behind");
+}

@@ -19,6 +19,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod fast;
+pub mod files;
 mod io;
 mod ops;
 pub mod quant;

@@ -309,11 +309,11 @@ struct Loaded {
 fn load(cfg: &EngineConfig) -> Result<Loaded> {
     let load_err = |e: gemma4::Error| Error::Load { path: cfg.model_dir.clone(), detail: e.to_string() };
     let device = mlx_core::Device::default_device().map_err(|e| load_err(e.into()))?;
-    let (model, _) = Model::load_as(&cfg.model_dir, cfg.dtype, device).map_err(load_err)?;
+    let (model, resolved) = Model::load_as(&cfg.model_dir, cfg.dtype, device).map_err(load_err)?;
     let mut drafters = Vec::new();
     if let Some(dir) = &cfg.drafter_dir {
         for _ in 0..cfg.max_concurrency {
-            let d = spec_decode::load_drafter(dir, model.config())
+            let d = spec_decode::load_drafter_as(dir, model.config(), resolved.conversion.dequantize)
                 .map_err(|e| Error::Load { path: dir.clone(), detail: e.to_string() })?;
             drafters.push(d);
         }

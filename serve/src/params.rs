@@ -123,8 +123,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
     };
 
     let temperature = number(&f, "temperature")?.unwrap_or(1.0);
-    if temperature < 0.0 {
-        return Err(bad("temperature", format!("'temperature' must be >= 0, got {temperature}")));
+    if let Err(e) = gemma4::sampling::check_temperature(temperature) {
+        return Err(bad("temperature", format!("'temperature': {e}")));
     }
     let top_p = number(&f, "top_p")?.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
@@ -140,7 +140,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
         Some(k) => {
             return Err(bad(
                 "top_k",
-                format!("'top_k' must be 0 or -1 (off) or in 1..{} (the vocabulary), got {k}", info.vocab),
+                format!("'top_k' must be 0 or -1 (off) or in 1..={} (below the vocabulary), got {k}", info.vocab - 1),
             ))
         }
     };

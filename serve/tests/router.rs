@@ -84,6 +84,10 @@ async fn malformed_requests_get_400_naming_the_field_and_the_server_keeps_servin
         (c, json!({"model": 5, "prompt": "t5"}), "model"),
         (c, json!({"prompt": "t5", "temperature": -0.5}), "temperature"),
         (c, json!({"prompt": "t5", "temperature": "hot"}), "temperature"),
+        // Finite, positive, and still unusable: 1/T leaves f32's range (infinite or zero).
+        (c, json!({"prompt": "t5", "temperature": 1e308}), "temperature"),
+        (c, json!({"prompt": "t5", "temperature": 1e-300}), "temperature"),
+        (c, json!({"prompt": "t5", "temperature": 1e-45}), "temperature"),
         (c, json!({"prompt": "t5", "top_p": 0}), "top_p"),
         (c, json!({"prompt": "t5", "top_p": 1.5}), "top_p"),
         (c, json!({"prompt": "t5", "max_tokens": 0}), "max_tokens"),

@@ -20,7 +20,7 @@ pub const SIDECAR_FILE: &str = "dspark-calibration.json";
 /// Reads the sidecar calibration of `dir`, if there is one, checked against a block of `gamma`.
 pub fn read_sidecar(dir: &Path, gamma: usize) -> Result<Option<Calibration>> {
     let path = dir.join(SIDECAR_FILE);
-    let text = match std::fs::read_to_string(&path) {
+    let text = match mlx_core::files::read_text(&path, mlx_core::files::JSON_LIMIT) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(Error::Io { path, source }),

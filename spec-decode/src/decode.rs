@@ -552,6 +552,7 @@ impl SpecRounds {
         let taps = &self.taps;
         let out = target.forward_stepwise(&window, cache, (!taps.is_empty()).then_some(taps))?;
         let logits = target.logits_from_hidden(&out.hidden)?.squeeze(0)?; // [d+1, V]
+        target.check_first_logits(&logits)?;
 
         let verdict = if greedy {
             greedy_verdict(&logits, proposal.as_ref(), rule, stats)?

@@ -51,6 +51,6 @@ pub use decode::{
 };
 pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 pub use error::{Error, Result};
-pub use loader::{detect, load_drafter, DrafterKind};
+pub use loader::{detect, load_drafter, load_drafter_as, DrafterKind};
 pub use schedule::{Pruning, ThroughputPlan};
 pub use stats::SpecStats;

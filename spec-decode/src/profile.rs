@@ -164,6 +164,16 @@ pub fn measure(
         let v: Vec<u32> = (0..n).map(|i| 4 + ((from + i) as u32 * 7919) % (vocab.max(5) - 4)).collect();
         Ok(Array::from_slice(&v, &[1, n as i32])?)
     };
+    let positions = model.config().max_position_embeddings;
+    if context.saturating_add(max_n) > positions {
+        return Err(Error::Settings {
+            field: "profile",
+            detail: format!(
+                "context {context} + window {max_n} tokens exceeds the model's {positions} positions \
+                 (max_position_embeddings)"
+            ),
+        });
+    }
     let taps = drafter.as_ref().map_or_else(TapSet::default, |d| d.taps());
     let prompt: Vec<u32> = (0..context).map(|i| 4 + (i as u32 * 131) % (vocab.max(5) - 4)).collect();
     let mut pre = crate::decode::prefill(model, &taps, &prompt, 2048)?;
@@ -276,7 +286,7 @@ pub fn measure(
 }
 
 fn read_file(path: &Path) -> Result<Option<ProfileFile>> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match mlx_core::files::read_text(path, mlx_core::files::JSON_LIMIT) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(Error::Io { path: path.to_path_buf(), source }),

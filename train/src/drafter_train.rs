@@ -187,8 +187,7 @@ pub fn train_drafter(
         return Err(Error::Mismatch {
             what: "taps",
             detail: format!(
-                "the drafter's last tap is {:?}; training needs the final-norm output ({}) last, to compute p^t",
-                taps.last(),
+                "the drafter's taps are {taps:?}; training needs the final-norm output ({}) last, to compute p^t",
                 tcfg.num_hidden_layers
             ),
         });

@@ -45,6 +45,20 @@ pub enum RegenMode {
     FromText { max_len: usize },
 }
 
+impl std::fmt::Display for RegenMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegenMode::Generate { max_new, temperature, seed } if *temperature == 0.0 => {
+                write!(f, "greedy answers of up to {max_new} tokens, seed {seed}")
+            }
+            RegenMode::Generate { max_new, temperature, seed } => {
+                write!(f, "answers of up to {max_new} tokens sampled at temperature {temperature}, seed {seed}")
+            }
+            RegenMode::FromText { max_len } => write!(f, "documents in pieces of up to {max_len} tokens"),
+        }
+    }
+}
+
 /// Settings of a [`regen`] run.
 #[derive(Clone, Debug)]
 pub struct RegenOptions {
@@ -111,7 +125,7 @@ pub fn default_taps(num_layers: usize) -> Vec<usize> {
 }
 
 /// Checks a tap list against a target of `num_layers` layers: non-empty, each index in
-/// `0..=num_layers`, none twice, and the last the final-norm output (training recomputes the
+/// `0..=num_layers`, none twice, increasing, and the last the final-norm output (training recomputes the
 /// target's distribution from it).
 pub fn validate_taps(taps: &[usize], num_layers: usize) -> Result<()> {
     let bad = |detail: String| Err(Error::Invalid { what: format!("taps {taps:?}"), detail });
@@ -132,6 +146,10 @@ pub fn validate_taps(taps: &[usize], num_layers: usize) -> Result<()> {
              distribution"
         ));
     }
+    // The target returns taps in layer order; a drafter reads them in the order listed.
+    if let Some(w) = taps.windows(2).find(|w| w[0] > w[1]) {
+        return bad(format!("expected increasing layer indices ({} is listed before {})", w[0], w[1]));
+    }
     Ok(())
 }
 
@@ -149,7 +167,8 @@ pub fn read_inputs(path: &Path, key: &str) -> Result<Vec<String>> {
 
 /// Like [`read_inputs`], each item with its label `file:line` (for [`RegenOptions::labels`]).
 pub fn read_input_lines(path: &Path, key: &str) -> Result<Vec<(String, String)>> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+    let text = mlx_core::files::read_text(path, mlx_core::files::LARGE_TEXT_LIMIT)
+        .map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
     let mut items = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -362,7 +381,7 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
         return Ok(Resume { ledger, done: BTreeMap::new(), next_shard: 0, orphans_removed: 0 });
     }
 
-    let text = std::fs::read_to_string(&ledger_path).map_err(io(&ledger_path))?;
+    let text = mlx_core::files::read_text(&ledger_path, mlx_core::files::LARGE_TEXT_LIMIT).map_err(io(&ledger_path))?;
     let at = |n: usize| format!("{}:{}", ledger_path.display(), n + 1);
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     let Some((n0, first)) = lines.next() else {
@@ -382,12 +401,17 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
             ),
         });
     }
-    for (field, was, now) in [
-        ("target", format!("{:?}", old.target), format!("{:?}", header.target)),
-        ("taps", format!("{:?}", old.tap_layers), format!("{:?}", header.tap_layers)),
-        ("settings", format!("{:?}", old.mode), format!("{:?}", header.mode)),
+    for (field, same, was, now) in [
+        ("a target of", old.target == header.target, old.target.to_string(), header.target.to_string()),
+        (
+            "taps",
+            old.tap_layers == header.tap_layers,
+            format!("{:?}", old.tap_layers),
+            format!("{:?}", header.tap_layers),
+        ),
+        ("settings:", old.mode == header.mode, old.mode.to_string(), header.mode.to_string()),
     ] {
-        if was != now {
+        if !same {
             return Err(Error::NeedsForce {
                 what: at(n0),
                 detail: format!(
@@ -400,9 +424,18 @@ fn prepare(out: &Path, header: &LedgerHeader, force: bool) -> Result<Resume> {
     let mut kept = vec![header_line];
     let mut done = BTreeMap::new();
     let mut named = Vec::new();
-    for (n, line) in lines {
-        let e: LedgerEntry = serde_json::from_str(line)
-            .map_err(|err| Error::Invalid { what: at(n), detail: format!("not a ledger entry: {err}") })?;
+    let entries_text: Vec<(usize, &str)> = lines.collect();
+    let last = entries_text.len().checked_sub(1);
+    // A write cut short (a crash, a full disk) leaves the last line torn: no newline after it
+    // and not a whole entry. It is dropped, and its shard, no longer named, is removed below as
+    // an orphan and regenerated. A bad line anywhere else is damage, not an interruption.
+    let torn_tail = !text.ends_with('\n');
+    for (k, (n, line)) in entries_text.into_iter().enumerate() {
+        let e: LedgerEntry = match serde_json::from_str(line) {
+            Ok(e) => e,
+            Err(_) if torn_tail && Some(k) == last => break,
+            Err(err) => return Err(Error::Invalid { what: at(n), detail: format!("not a ledger entry: {err}") }),
+        };
         if e.items.len() != e.hashes.len() || named.contains(&e.shard) {
             return Err(Error::NeedsForce {
                 what: at(n),

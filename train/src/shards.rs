@@ -26,6 +26,12 @@ pub struct TargetId {
     pub num_layers: usize,
 }
 
+impl std::fmt::Display for TargetId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "hidden size {}, vocabulary {}, {} layers", self.hidden_size, self.vocab_size, self.num_layers)
+    }
+}
+
 impl TargetId {
     pub fn of(cfg: &gemma4::TextConfig) -> TargetId {
         TargetId { hidden_size: cfg.hidden_size, vocab_size: cfg.vocab_size, num_layers: cfg.num_hidden_layers }
@@ -191,7 +197,8 @@ pub fn read_shard(dir: &Path) -> Result<Shard> {
 /// Reads and checks `dir/shard.json`.
 pub fn read_meta(dir: &Path) -> Result<ShardMeta> {
     let path = dir.join("shard.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let text = mlx_core::files::read_text(&path, mlx_core::files::JSON_LIMIT)
+        .map_err(|source| Error::Io { path: path.clone(), source })?;
     let meta: ShardMeta =
         serde_json::from_str(&text).map_err(|e| Error::State { path: path.clone(), detail: e.to_string() })?;
     if meta.format != SHARD_FORMAT || meta.version != SHARD_VERSION {
@@ -228,7 +235,7 @@ pub fn list_shards(data_dir: &Path, expect: Option<(&TargetId, &[usize])>) -> Re
             return Err(Error::State {
                 path: d.join("shard.json"),
                 detail: format!(
-                    "regenerated from target {:?} with taps {:?}, expected target {target:?} with taps {taps:?}",
+                    "regenerated from a target of {} with taps {:?}, expected a target of {target} with taps {taps:?}",
                     m.target, m.tap_layers
                 ),
             });

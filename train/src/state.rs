@@ -90,7 +90,8 @@ impl TrainState {
     /// Reads a state written by [`TrainState::save`].
     pub fn load(dir: &Path) -> Result<TrainState> {
         let json = dir.join("state.json");
-        let text = std::fs::read_to_string(&json).map_err(|source| Error::Io { path: json.clone(), source })?;
+        let text = mlx_core::files::read_text(&json, mlx_core::files::JSON_LIMIT)
+            .map_err(|source| Error::Io { path: json.clone(), source })?;
         let bad = |detail: String| Error::State { path: json.clone(), detail };
         let meta: Meta = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         if meta.format != FORMAT || meta.version != VERSION {

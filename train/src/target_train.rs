@@ -52,6 +52,36 @@ impl Default for TargetTrainConfig {
     }
 }
 
+impl TargetTrainConfig {
+    /// Checks every setting before any work: a NaN learning rate would train to NaN weights
+    /// and exit 0; a zero batch or a one-token sequence has nothing to learn from.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, detail: String| Err(Error::Invalid { what: what.into(), detail });
+        if self.steps == 0 {
+            return bad("steps", "0: expected at least 1 step".into());
+        }
+        if self.batch == 0 {
+            return bad("batch", "0: expected at least 1 sequence per step".into());
+        }
+        if self.seq_len < 2 {
+            return bad("seq_len", format!("{}: expected at least 2 tokens per sequence", self.seq_len));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad("lr", format!("{}: expected a finite learning rate > 0", self.lr));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad("weight_decay", format!("{}: expected a finite number ≥ 0", self.weight_decay));
+        }
+        if !(self.clip.is_finite() && self.clip > 0.0) {
+            return bad("clip", format!("{}: expected a finite gradient-norm clip > 0", self.clip));
+        }
+        if self.eval_windows == 0 {
+            return bad("eval_windows", "0: expected at least 1 validation window".into());
+        }
+        Ok(())
+    }
+}
+
 /// What a progress callback sees after each step.
 #[derive(Clone, Debug)]
 pub struct TargetProgress {
@@ -80,11 +110,21 @@ pub struct TargetReport {
 /// every fourth and last, partial rotary (¼) on full layers, logit softcap 30, tied head, GQA
 /// with one KV head, MLP 4× hidden. Token ids: 0 pad, 1 eos, 2 bos.
 pub fn small_config(vocab: usize, hidden: usize, layers: usize, heads: usize, window: usize) -> Result<TextConfig> {
-    if heads == 0 || !hidden.is_multiple_of(heads) || layers == 0 {
-        return Err(Error::Invalid {
-            what: "target shape".into(),
-            detail: format!("hidden {hidden} must be a multiple of heads {heads}, layers ≥ 1 (got {layers})"),
-        });
+    let bad = |what: &str, detail: String| Err(Error::Invalid { what: what.into(), detail });
+    if hidden == 0 || layers == 0 || heads == 0 || window == 0 {
+        let zero = [("hidden", hidden), ("layers", layers), ("heads", heads), ("window", window)];
+        let names: Vec<&str> = zero.iter().filter(|(_, v)| *v == 0).map(|(n, _)| *n).collect();
+        return bad("target shape", format!("{} must be at least 1", names.join(", ")));
+    }
+    if !hidden.is_multiple_of(heads) {
+        return bad("target shape", format!("hidden {hidden} must be a multiple of heads {heads}"));
+    }
+    // Full layers rotate a quarter of each head in pairs: the head needs 8 | head_dim.
+    if !(hidden / heads).is_multiple_of(8) {
+        return bad(
+            "target shape",
+            format!("head size hidden/heads = {} must be a multiple of 8 (partial rotary)", hidden / heads),
+        );
     }
     let kinds: Vec<&str> = (0..layers)
         .map(|i| if (i + 1) % 4 == 0 || i + 1 == layers { "full_attention" } else { "sliding_attention" })
@@ -174,12 +214,7 @@ pub fn train_target(
     tc: &TargetTrainConfig,
     mut progress: impl FnMut(&TargetProgress),
 ) -> Result<TargetReport> {
-    if tc.batch == 0 || tc.seq_len < 2 || tc.steps == 0 {
-        return Err(Error::Invalid {
-            what: "target training".into(),
-            detail: format!("batch {} / seq_len {} / steps {} must be ≥ 1 / ≥ 2 / ≥ 1", tc.batch, tc.seq_len, tc.steps),
-        });
-    }
+    tc.validate()?;
     let (names, mut params) = init;
     let vocab = cfg.vocab_size as u32;
     if let Some(bad) = train.iter().chain(val).find(|&&t| t >= vocab) {
@@ -291,5 +326,36 @@ mod tests {
         assert_eq!((cfg.bos_token_id, cfg.eos_token_ids.clone()), (2, vec![1]));
         let e = small_config(4096, 250, 6, 4, 128).unwrap_err().to_string();
         assert!(e.contains("multiple of heads 4"), "{e}");
+        for (h, l, n, w, needle) in [
+            (0, 6, 4, 128, "hidden"),
+            (256, 0, 4, 128, "layers"),
+            (256, 6, 0, 128, "heads"),
+            (256, 6, 4, 0, "window"),
+            (256, 6, 3, 128, "multiple of heads 3"),
+            (24, 1, 6, 128, "multiple of 8"),
+        ] {
+            let e = small_config(4096, h, l, n, w).unwrap_err().to_string();
+            assert!(e.contains(needle), "{h} {l} {n} {w}: {e}");
+        }
+    }
+
+    #[test]
+    fn settings_are_checked_before_training() {
+        assert!(TargetTrainConfig::default().validate().is_ok());
+        for (tc, field) in [
+            (TargetTrainConfig { lr: f64::NAN, ..Default::default() }, "lr"),
+            (TargetTrainConfig { lr: 0.0, ..Default::default() }, "lr"),
+            (TargetTrainConfig { steps: 0, ..Default::default() }, "steps"),
+            (TargetTrainConfig { batch: 0, ..Default::default() }, "batch"),
+            (TargetTrainConfig { seq_len: 1, ..Default::default() }, "seq_len"),
+            (TargetTrainConfig { clip: f64::INFINITY, ..Default::default() }, "clip"),
+        ] {
+            let e = tc.validate().unwrap_err().to_string();
+            assert!(e.starts_with(field), "{field}: {e}");
+        }
+        // The training entry point refuses them too, before touching a stream.
+        let cfg = gemma4::config::tiny_dense_config(64, 48, 2).unwrap();
+        let tc = TargetTrainConfig { lr: f64::NAN, ..Default::default() };
+        assert!(train_target(&cfg, init_params(&cfg, 1).unwrap(), &[], &[], &tc, |_| {}).is_err());
     }
 }

@@ -164,6 +164,26 @@ fn rerun_skips_committed_prompts_and_crash_leftovers_are_redone() {
     assert_eq!(stored(&out)[..6], reference[..], "regenerated shards equal the uninterrupted run");
     assert_eq!(shard_names(&out), ["shard_00000", "shard_00001", "shard_00002", "shard_00003"]);
 
+    // A ledger whose last line was torn by an interrupted write: the line is dropped, its
+    // shard removed as an orphan and regenerated (regen refused to resume before, and --force
+    // deleted every shard).
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let keep = text.trim_end().rfind('\n').unwrap();
+    let torn = &text[..keep + 1 + (text.len() - keep) / 2];
+    std::fs::write(&ledger, torn).unwrap();
+    let sum = run(&m, &tok, &more, &out, &o).unwrap();
+    assert_eq!((sum.orphans_removed, sum.skipped, sum.sequences, sum.shards), (1, 6, 1, 1));
+    assert_eq!(stored(&out)[..6], reference[..], "the regenerated shard equals the uninterrupted run");
+    assert_eq!(shard_names(&out), ["shard_00000", "shard_00001", "shard_00002", "shard_00003"]);
+    // A damaged line that is not the torn tail is still refused.
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[1] = "{\"shard\": oops";
+    std::fs::write(&ledger, lines.join("\n") + "\n").unwrap();
+    let e = run(&m, &tok, &more, &out, &o).unwrap_err().to_string();
+    assert!(e.contains("regen.ledger:2") && e.contains("not a ledger entry"), "{e}");
+    std::fs::write(&ledger, text).unwrap();
+
     // A shard deleted by hand: its prompts are regenerated into a new shard.
     std::fs::remove_dir_all(out.join("shard_00001")).unwrap();
     let sum = run(&m, &tok, &more, &out, &o).unwrap();
@@ -182,6 +202,8 @@ fn rerun_skips_committed_prompts_and_crash_leftovers_are_redone() {
     let o13 = RegenOptions { mode: RegenMode::Generate { max_new: 13, temperature: 0.0, seed: 0 }, ..o.clone() };
     let e = run(&m, &tok, &more, &out, &o13).unwrap_err().to_string();
     assert!(e.contains("regen.ledger:1") && e.contains("settings"), "{e}");
+    // In words, not Rust's debug form of the settings.
+    assert!(e.contains("up to 12 tokens") && e.contains("up to 13 tokens") && !e.contains("Generate {"), "{e}");
     let sum = run(&m, &tok, &changed[..2], &out, &RegenOptions { force: true, ..o13 }).unwrap();
     assert_eq!((sum.skipped, sum.sequences, sum.shards), (0, 2, 1));
     assert_eq!(shard_names(&out), ["shard_00000"]);
@@ -197,6 +219,7 @@ fn taps_without_the_final_norm_are_refused() {
         (vec![6, 3], "the last tap must be 6"),
         (vec![1, 7], "outside 0..=6"),
         (vec![3, 3, 6], "listed twice"),
+        (vec![3, 1, 6], "expected increasing layer indices"),
         (vec![], "at least one tap"),
     ] {
         let e = run(&m, &tok, &prompts(), &out, &opts(taps.clone(), 4)).unwrap_err().to_string();
@@ -215,7 +238,7 @@ fn foreign_and_non_regen_output_directories_are_refused() {
     let seq = Sequence { ids: vec![5, 6], resp_start: 1, rows: Array::from_slice(&[0.0f32; 32], &[2, 16]).unwrap() };
     write_shard(&out, 0, &other, &[2, 6], &[seq]).unwrap();
     let e = run(&m, &tok, &prompts(), &out, &opts(vec![2, 6], 4)).unwrap_err().to_string();
-    assert!(e.contains("shard_00000") && e.contains("expected target"), "{e}");
+    assert!(e.contains("shard_00000") && e.contains("expected a target of hidden size 128"), "{e}");
     assert_eq!(shard_names(&out), ["shard_00000"], "the foreign shard is left alone");
 
     // Something else entirely: refused, then started over with force.

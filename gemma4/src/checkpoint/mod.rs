@@ -35,6 +35,7 @@ pub(crate) fn full_name(name: &str, prefix: &str) -> String {
 
 pub(crate) fn read_config_json(dir: &Path) -> Result<Value> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let text = mlx_core::files::read_text(&path, mlx_core::files::JSON_LIMIT)
+        .map_err(|source| Error::Io { path: path.clone(), source })?;
     serde_json::from_str(&text).map_err(|source| Error::Json { path, source })
 }

@@ -81,7 +81,7 @@ fn f32_json(x: f32) -> Value {
 
 fn read(path: &Path) -> Result<String, ConfigError> {
     let io = |source| ConfigError::Io { path: path.to_path_buf(), source };
-    std::fs::read_to_string(path).map_err(io)
+    mlx_core::files::read_text(path, mlx_core::files::JSON_LIMIT).map_err(io)
 }
 
 /// Reads generation_config.json's `eos_token_id` the way mlx-lm's `load_config` does: an

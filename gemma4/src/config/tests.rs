@@ -542,3 +542,15 @@ fn a_config_that_is_not_an_object_says_so() {
         assert_eq!(msg, format!("config: expected a JSON object, got {got}"));
     }
 }
+
+#[test]
+fn bos_and_pad_ids_past_the_vocabulary_are_refused() {
+    let v = with(&tiny_config_a_json(), json!({"bos_token_id": 999_999}));
+    let e = err_text(&v);
+    assert!(e.starts_with("bos_token_id: ") && e.contains("below vocab_size"), "{e}");
+    let mut n = nested(&tiny_config_a_json());
+    n["text_config"]["pad_token_id"] = json!(999_999);
+    let e = err_text(&n);
+    assert!(e.starts_with("text_config.pad_token_id: "), "{e}");
+    assert_eq!(parse(&with(&tiny_config_a_json(), json!({"bos_token_id": 3}))).unwrap().bos_token_id, 3);
+}

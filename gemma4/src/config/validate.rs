@@ -280,6 +280,21 @@ impl TryFrom<RawTextConfig> for TextConfig {
             (None, Some(ids)) => Some((ids, format!("{}eos_token_id", c.0))),
             (None, None) => None,
         };
+        // bos and pad ids are looked up in the embedding: an id past the vocabulary would be
+        // an out-of-range gather on the first prompt.
+        let special = |field: &str, inner: Option<u32>, outer: Option<u32>, default: u32| {
+            let (id, name) = match (inner, outer) {
+                (Some(id), _) => (id, format!("{}{field}", c.0)),
+                (None, Some(id)) => (id, field.to_string()),
+                (None, None) => return Ok(default),
+            };
+            if id as usize >= vocab_size {
+                return Err(invalid(name, format!("a token id below vocab_size ({vocab_size})"), id));
+            }
+            Ok(id)
+        };
+        let bos_token_id = special("bos_token_id", t.bos_token_id, top.bos_token_id, 2)?;
+        let pad_token_id = special("pad_token_id", t.pad_token_id, top.pad_token_id, 0)?;
         Ok(TextConfig {
             layout,
             hidden_size,
@@ -310,8 +325,8 @@ impl TryFrom<RawTextConfig> for TextConfig {
                 Some((ids, field)) => check_eos(ids, vocab_size).map_err(|e| e.in_field(&field))?,
                 None => vec![1],
             },
-            bos_token_id: t.bos_token_id.or(top.bos_token_id).unwrap_or(2),
-            pad_token_id: t.pad_token_id.or(top.pad_token_id).unwrap_or(0),
+            bos_token_id,
+            pad_token_id,
             layers,
             quantization: quantization.transpose()?,
         })

@@ -59,7 +59,8 @@ pub fn read_index(dir: &Path) -> Result<Option<BTreeMap<String, String>>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let text = mlx_core::files::read_text(&path, mlx_core::files::JSON_LIMIT)
+        .map_err(|source| Error::Io { path: path.clone(), source })?;
     let v: Value = serde_json::from_str(&text).map_err(|source| Error::Json { path: path.clone(), source })?;
     let bad = |entry: &str, detail: String| Error::Index { path: path.clone(), entry: entry.to_string(), detail };
     let map = match v.get("weight_map") {
@@ -129,9 +130,13 @@ pub fn check_header(path: &Path) -> Result<()> {
     let bad = |tensor: &str, detail: String| Error::Shard { path: path.to_path_buf(), tensor: tensor.into(), detail };
     let mut ranges: Vec<(u64, u64, &str)> = Vec::new();
     for (name, info) in header.iter().filter(|(k, _)| k.as_str() != "__metadata__") {
-        let dtype = info.get("dtype").and_then(Value::as_str).unwrap_or("?");
+        let expected = "F32, F16 or BF16 (weights, norms, quantization scales) or U32 (packed quantized weights)";
+        let dtype = match info.get("dtype") {
+            Some(Value::String(d)) => d.as_str(),
+            Some(other) => return Err(bad(name, format!("dtype is {other}, expected a name: {expected}"))),
+            None => return Err(bad(name, format!("has no dtype, expected one of {expected}"))),
+        };
         if !ALLOWED_DTYPES.contains(&dtype) {
-            let expected = "F32, F16 or BF16 (weights, norms, quantization scales) or U32 (packed quantized weights)";
             return Err(bad(name, format!("dtype {dtype}, expected {expected}")));
         }
         let offsets = info.get("data_offsets").and_then(Value::as_array);
@@ -146,7 +151,8 @@ pub fn check_header(path: &Path) -> Result<()> {
         let elems = shape.and_then(|s| s.iter().try_fold(1u64, |acc, d| acc.checked_mul(d.as_u64()?)));
         let width = if dtype == "F16" || dtype == "BF16" { 2 } else { 4 };
         if elems.and_then(|n| n.checked_mul(width)) != Some(end - start) {
-            let shape = shape.map_or_else(|| "none".to_string(), |s| format!("{s:?}"));
+            // The header's own text ([256, 32]), not the parser's debug form.
+            let shape = info.get("shape").map_or_else(|| "none".to_string(), Value::to_string);
             return Err(bad(name, format!("shape {shape} of {dtype} does not fill data_offsets [{start}, {end}]")));
         }
         if start < end {

@@ -161,7 +161,8 @@ impl DeepSpecConfig {
     /// Reads `dir/config.json`; errors name the file and the key.
     pub fn from_dir(dir: &Path) -> Result<DeepSpecConfig, ConfigError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Io { path: path.clone(), source })?;
+        let text = mlx_core::files::read_text(&path, mlx_core::files::JSON_LIMIT)
+            .map_err(|source| ConfigError::Io { path: path.clone(), source })?;
         DeepSpecConfig::from_json_str(&text).map_err(|e| in_file(e, &path))
     }
 

@@ -60,6 +60,11 @@ impl DeepSpecDrafter {
     /// Loads `dir` (config.json + `model*.safetensors`, optionally sharded with an index) and
     /// checks that it fits `target` (depth, hidden size, vocabulary, tap layers).
     pub fn load(dir: &Path, target: &TextConfig) -> Result<DeepSpecDrafter> {
+        Self::load_as(dir, target, false)
+    }
+
+    /// [`DeepSpecDrafter::load`], dequantizing quantized weights at load when `dequantize`.
+    pub fn load_as(dir: &Path, target: &TextConfig, dequantize: bool) -> Result<DeepSpecDrafter> {
         let cfg = DeepSpecConfig::from_dir(dir)?;
         check_fits(dir, &cfg, target)?;
         let tensors = gemma4::weights::load_raw(dir)?;
@@ -79,6 +84,9 @@ impl DeepSpecDrafter {
             }
         }
         let mut wm = WeightMap::from_tensors(dir, tensors, "", cfg.quantization.clone());
+        if dequantize {
+            wm.set_conversion(gemma4::compute::Conversion { cast: None, dequantize: true });
+        }
         let model = DeepSpecModel::from_weights(cfg, &mut wm)?;
         wm.finish()?;
         let calibration = crate::calibration::read_sidecar(dir, model.cfg.block_size)?;

@@ -213,6 +213,14 @@ impl DSparkConfig {
         if self.tap_layers.is_empty() {
             return bad("config.tapLayers is empty".into());
         }
+        // The drafter reads its taps concatenated in this order, and the target taps in layer
+        // order: a list out of order (or naming a layer twice) cannot be what it was trained on.
+        if let Some(w) = self.tap_layers.windows(2).find(|w| w[0] >= w[1]) {
+            return bad(format!(
+                "config.tapLayers {:?}: expected increasing layer indices, each once (found {} before {})",
+                self.tap_layers, w[0], w[1]
+            ));
+        }
         if self.ctx_window == Some(0) {
             return bad("config.ctxWindow must be >= 1 (or absent for the whole context)".into());
         }
@@ -338,7 +346,8 @@ pub fn read_descriptor(dir: &Path) -> Result<Descriptor> {
     if !path.is_file() {
         return Err(Error::checkpoint(dir, "no dspark.json — not a DSpark checkpoint"));
     }
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let text = mlx_core::files::read_text(&path, mlx_core::files::JSON_LIMIT)
+        .map_err(|source| Error::Io { path: path.clone(), source })?;
     let raw: Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("invalid JSON: {e}")))?;
     let variant = raw.get("variant").and_then(Value::as_str).map(str::to_string);
     match variant.as_deref() {
@@ -394,6 +403,13 @@ pub fn read_descriptor(dir: &Path) -> Result<Descriptor> {
     Ok(d)
 }
 
+/// The `(hidden, vocab)` a [`target_id`] ends with (`name@HxV`), if it has that form.
+fn target_id_dims(id: &str) -> Option<(usize, usize)> {
+    let (_, dims) = id.rsplit_once('@')?;
+    let (h, v) = dims.split_once('x')?;
+    Some((h.parse().ok()?, v.parse().ok()?))
+}
+
 /// Checks the drafter fits `target`.
 pub fn check_target(d: &Descriptor, target: &TextConfig) -> Result<()> {
     let inc = |detail: String| Err(Error::Incompatible { drafter: format!("dspark ({})", d.target_id), detail });
@@ -420,6 +436,17 @@ pub fn check_target(d: &Descriptor, target: &TextConfig) -> Result<()> {
             ));
         }
         _ => {}
+    }
+    // `target_id` records the shape of the target the drafter was built for ("name@HxV"); a
+    // descriptor whose id names another shape than its own dims was edited or mixed up.
+    if let Some((h, v)) = target_id_dims(&d.target_id) {
+        if (h, v) != (target.hidden_size, target.vocab_size) {
+            return inc(format!(
+                "targetId {:?} names a target of hidden size {h} and vocabulary {v}; this target has hidden_size {} \
+                 and vocab_size {}",
+                d.target_id, target.hidden_size, target.vocab_size
+            ));
+        }
     }
     if let Some(&bad) = d.config.tap_layers.iter().find(|&&t| t > target.num_hidden_layers) {
         return inc(format!(
@@ -450,7 +477,8 @@ pub fn write_calibration(dir: &Path, calibration: &Calibration, force: bool) -> 
             ),
         ));
     }
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let text = mlx_core::files::read_text(&path, mlx_core::files::JSON_LIMIT)
+        .map_err(|source| Error::Io { path: path.clone(), source })?;
     let mut v: Value =
         serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("invalid JSON: {e}")))?;
     v["config"]["sts"] = serde_json::to_value(calibration).map_err(|e| Error::Contract(e.to_string()))?;

@@ -237,6 +237,12 @@ impl DSparkDrafter {
 
     /// Loads `dir` (dspark.json + model*.safetensors) for `target`.
     pub fn load(dir: &Path, target: &TextConfig) -> Result<Self> {
+        Self::load_as(dir, target, false)
+    }
+
+    /// [`DSparkDrafter::load`], with quantized weights dequantized to dense f32 at load when
+    /// `dequantize` (the drafter then runs as its f32 original, with the quantization's values).
+    pub fn load_as(dir: &Path, target: &TextConfig, dequantize: bool) -> Result<Self> {
         let d = read_descriptor(dir)?;
         check_target(&d, target)?;
         let raw = gemma4::weights::load_raw(dir)?;
@@ -265,6 +271,9 @@ impl DSparkDrafter {
             ));
         }
         let mut wm = WeightMap::from_tensors(dir, raw.clone(), "", quant_cfg.clone());
+        if dequantize {
+            wm.set_conversion(gemma4::compute::Conversion::F32);
+        }
         let mut params = BTreeMap::new();
         let mut quantized = BTreeMap::new();
         for name in d.config.param_names() {
@@ -292,6 +301,14 @@ impl DSparkDrafter {
                         quantized.insert(name, q);
                     }
                     LinearWeights::Dense(a) => {
+                        // Dequantized as stored: matmul parameters come back transposed.
+                        let a = if name == "markov.w1" { a } else { a.transpose(&[1, 0])?.contiguous()? };
+                        if a.shape()? != want {
+                            return Err(Error::checkpoint(
+                                dir,
+                                format!("{name} dequantizes to shape {:?}, expected {want:?}", a.shape()?),
+                            ));
+                        }
                         params.insert(name, a.astype(Dtype::F32)?);
                     }
                 }
