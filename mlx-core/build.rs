@@ -37,7 +37,7 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=src/sys/row_gelu.cc");
     println!("cargo:rerun-if-changed=src/sys/row_sample.cc");
     println!("cargo:rerun-if-changed=src/sys/row_confidence.cc");
-    println!("cargo:rerun-if-changed=src/sys/row_inputs.h");
+    println!("cargo:rerun-if-changed=src/sys/row_kernel.h");
     println!("cargo:rerun-if-changed=src/sys/mod.rs");
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);

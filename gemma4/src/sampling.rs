@@ -78,7 +78,7 @@ pub fn check_temperature(t: f64) -> std::result::Result<(), String> {
     }
     Err(format!(
         "expected 0 (greedy) or a positive number between {:.1e} and {:.1e} (1/T must be a finite, \
-         positive f32), got {t}",
+         positive f32), got {t:?}",
         1.0 / f64::from(f32::MAX),
         1.0 / f64::from(f32::MIN_POSITIVE)
     ))

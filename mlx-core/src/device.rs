@@ -15,10 +15,10 @@ pub enum Device {
 }
 
 impl Device {
-    fn code(self) -> i32 {
+    fn code(self) -> ffi::DeviceKind {
         match self {
-            Device::Cpu => 0,
-            Device::Gpu => 1,
+            Device::Cpu => ffi::DeviceKind::Cpu,
+            Device::Gpu => ffi::DeviceKind::Gpu,
         }
     }
 
@@ -30,7 +30,7 @@ impl Device {
     /// The device ops currently run on.
     pub fn default_device() -> Result<Device> {
         let c = ffi::default_device().map_err(|e| mlx_err("default_device", e))?;
-        Ok(if c == 0 { Device::Cpu } else { Device::Gpu })
+        Ok(if c == ffi::DeviceKind::Cpu { Device::Cpu } else { Device::Gpu })
     }
 
     /// Makes this the default device for subsequent ops.

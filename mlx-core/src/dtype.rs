@@ -1,27 +1,28 @@
-//! Element types. The discriminants are the codes the C++ shim translates (its `to_dtype`).
+//! Element types. The bridge's shared `DtypeCode` carries them to C++ by name.
 
 use std::fmt;
 use std::str::FromStr;
 
+use crate::sys::ffi::DtypeCode;
+
 /// An MLX element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-#[repr(i32)]
 pub enum Dtype {
-    Bool = 0,
-    U8 = 1,
-    U16 = 2,
-    U32 = 3,
-    U64 = 4,
-    I8 = 5,
-    I16 = 6,
-    I32 = 7,
-    I64 = 8,
-    F16 = 9,
-    F32 = 10,
-    F64 = 11,
-    Bf16 = 12,
-    C64 = 13,
+    Bool,
+    U8,
+    U16,
+    U32,
+    U64,
+    I8,
+    I16,
+    I32,
+    I64,
+    F16,
+    F32,
+    F64,
+    Bf16,
+    C64,
 }
 
 impl Dtype {
@@ -42,12 +43,27 @@ impl Dtype {
         Dtype::C64,
     ];
 
-    pub(crate) fn code(self) -> i32 {
-        self as i32
+    pub(crate) fn code(self) -> DtypeCode {
+        match self {
+            Dtype::Bool => DtypeCode::Bool,
+            Dtype::U8 => DtypeCode::U8,
+            Dtype::U16 => DtypeCode::U16,
+            Dtype::U32 => DtypeCode::U32,
+            Dtype::U64 => DtypeCode::U64,
+            Dtype::I8 => DtypeCode::I8,
+            Dtype::I16 => DtypeCode::I16,
+            Dtype::I32 => DtypeCode::I32,
+            Dtype::I64 => DtypeCode::I64,
+            Dtype::F16 => DtypeCode::F16,
+            Dtype::F32 => DtypeCode::F32,
+            Dtype::F64 => DtypeCode::F64,
+            Dtype::Bf16 => DtypeCode::Bf16,
+            Dtype::C64 => DtypeCode::C64,
+        }
     }
 
-    pub(crate) fn from_code(code: i32) -> crate::Result<Dtype> {
-        Self::ALL.iter().copied().find(|d| d.code() == code).ok_or(crate::Error::UnknownDtype(code))
+    pub(crate) fn from_code(code: DtypeCode) -> crate::Result<Dtype> {
+        Self::ALL.iter().copied().find(|d| d.code() == code).ok_or(crate::Error::UnknownDtype(code.repr))
     }
 
     /// Bytes per element.
@@ -176,5 +192,22 @@ impl Element for bool {
     }
     fn extend_le_bytes(self, out: &mut Vec<u8>) {
         out.push(self as u8);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every dtype crosses the bridge and comes back as itself (the C++ side maps the shared
+    /// enum to MLX's dtypes by name in both directions), with MLX's element size.
+    #[test]
+    fn every_dtype_round_trips_through_mlx() {
+        for d in Dtype::ALL {
+            let a = crate::Array::zeros(&[3], d).unwrap();
+            assert_eq!(a.dtype(), d, "{d}");
+            assert_eq!(a.nbytes(), 3 * d.size(), "{d}");
+            assert_eq!(Dtype::from_code(d.code()).unwrap(), d);
+        }
     }
 }

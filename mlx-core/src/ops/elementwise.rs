@@ -7,47 +7,7 @@ use crate::error::Result;
 use crate::sys::ffi;
 use crate::Dtype;
 
-#[derive(Clone, Copy)]
-#[repr(i32)]
-enum UnaryOp {
-    Negative = 0,
-    Exp = 1,
-    Log = 2,
-    Tanh = 3,
-    Sigmoid = 4,
-    Sqrt = 5,
-    Rsqrt = 6,
-    Abs = 7,
-    Square = 8,
-    LogicalNot = 9,
-    IsNan = 10,
-    Floor = 11,
-    Log1p = 12,
-    Erf = 13,
-    IsInf = 14,
-}
-
-#[derive(Clone, Copy)]
-#[repr(i32)]
-enum BinaryOp {
-    Add = 0,
-    Subtract = 1,
-    Multiply = 2,
-    Divide = 3,
-    Maximum = 4,
-    Minimum = 5,
-    Power = 6,
-    Equal = 7,
-    NotEqual = 8,
-    Less = 9,
-    LessEqual = 10,
-    Greater = 11,
-    GreaterEqual = 12,
-    LogicalAnd = 13,
-    LogicalOr = 14,
-    FloorDivide = 15,
-    Remainder = 16,
-}
+use ffi::{BinaryOp, UnaryOp};
 
 macro_rules! unary {
     ($($(#[$m:meta])* $name:ident => $op:ident),* $(,)?) => {
@@ -56,7 +16,7 @@ macro_rules! unary {
                 $(#[$m])*
                 #[track_caller]
                 pub fn $name(&self) -> Result<Array> {
-                    Array::wrap(stringify!($name), ffi::unary(UnaryOp::$op as i32, self.raw()))
+                    Array::wrap(stringify!($name), ffi::unary(UnaryOp::$op, self.raw()))
                 }
             )*
         }
@@ -70,7 +30,7 @@ macro_rules! binary {
                 $(#[$m])*
                 #[track_caller]
                 pub fn $name(&self, other: &Array) -> Result<Array> {
-                    Array::wrap(stringify!($name), ffi::binary(BinaryOp::$op as i32, self.raw(), other.raw()))
+                    Array::wrap(stringify!($name), ffi::binary(BinaryOp::$op, self.raw(), other.raw()))
                 }
 
                 /// The same op against a scalar of this array's dtype (weak scalar).

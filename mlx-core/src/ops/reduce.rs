@@ -4,16 +4,7 @@ use crate::array::Array;
 use crate::error::Result;
 use crate::sys::ffi;
 
-#[derive(Clone, Copy)]
-#[repr(i32)]
-enum Reduction {
-    Sum = 0,
-    Max = 1,
-    Min = 2,
-    Mean = 3,
-    LogSumExp = 4,
-    Prod = 5,
-}
+use ffi::ReduceOp;
 
 macro_rules! reduction {
     ($($(#[$m:meta])* $name:ident => $op:ident),* $(,)?) => {
@@ -22,7 +13,7 @@ macro_rules! reduction {
                 $(#[$m])*
                 #[track_caller]
                 pub fn $name(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
-                    Array::wrap(stringify!($name), ffi::reduce(Reduction::$op as i32, self.raw(), axes, keepdims))
+                    Array::wrap(stringify!($name), ffi::reduce(ReduceOp::$op, self.raw(), axes, keepdims))
                 }
             )*
         }

@@ -4,6 +4,88 @@
 
 #[cxx::bridge(namespace = "mlxr")]
 pub(crate) mod ffi {
+    // Shared enums: cxx emits each as a C++ `enum class` of the same discriminants, so the two
+    // sides cannot drift apart (shim.cc switches on the names, never on numbers).
+
+    /// MLX element types (`mx::Dtype` in C++, [`crate::Dtype`] in Rust).
+    #[repr(i32)]
+    enum DtypeCode {
+        Bool,
+        U8,
+        U16,
+        U32,
+        U64,
+        I8,
+        I16,
+        I32,
+        I64,
+        F16,
+        F32,
+        F64,
+        Bf16,
+        C64,
+    }
+
+    /// Elementwise ops of one array.
+    #[repr(i32)]
+    enum UnaryOp {
+        Negative,
+        Exp,
+        Log,
+        Tanh,
+        Sigmoid,
+        Sqrt,
+        Rsqrt,
+        Abs,
+        Square,
+        LogicalNot,
+        IsNan,
+        Floor,
+        Log1p,
+        Erf,
+        IsInf,
+    }
+
+    /// Elementwise ops of two arrays (broadcasting).
+    #[repr(i32)]
+    enum BinaryOp {
+        Add,
+        Subtract,
+        Multiply,
+        Divide,
+        Maximum,
+        Minimum,
+        Power,
+        Equal,
+        NotEqual,
+        Less,
+        LessEqual,
+        Greater,
+        GreaterEqual,
+        LogicalAnd,
+        LogicalOr,
+        FloorDivide,
+        Remainder,
+    }
+
+    /// Reductions over axes.
+    #[repr(i32)]
+    enum ReduceOp {
+        Sum,
+        Max,
+        Min,
+        Mean,
+        LogSumExp,
+        Prod,
+    }
+
+    /// MLX devices.
+    #[repr(i32)]
+    enum DeviceKind {
+        Cpu,
+        Gpu,
+    }
+
     unsafe extern "C++" {
         include!("mlx-core/src/sys/shim.h");
 
@@ -12,15 +94,15 @@ pub(crate) mod ffi {
 
         fn clone_array(a: &Array) -> Result<UniquePtr<Array>>;
         fn shape(a: &Array) -> Result<Vec<i32>>;
-        fn dtype(a: &Array) -> Result<i32>;
+        fn dtype(a: &Array) -> Result<DtypeCode>;
         fn nbytes(a: &Array) -> Result<usize>;
         fn mlx_version() -> Result<String>;
         fn blas_core() -> String;
 
-        fn from_bytes(data: &[u8], shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
-        fn scalar_f64(v: f64, dtype: i32) -> Result<UniquePtr<Array>>;
-        fn full(shape: &[i32], v: f64, dtype: i32) -> Result<UniquePtr<Array>>;
-        fn arange(start: f64, stop: f64, step: f64, dtype: i32) -> Result<UniquePtr<Array>>;
+        fn from_bytes(data: &[u8], shape: &[i32], dtype: DtypeCode) -> Result<UniquePtr<Array>>;
+        fn scalar_f64(v: f64, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
+        fn full(shape: &[i32], v: f64, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
+        fn arange(start: f64, stop: f64, step: f64, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
         fn to_bytes(a: &Array) -> Result<Vec<u8>>;
         fn eval(l: &ArrayList) -> Result<()>;
         fn async_eval(l: &ArrayList) -> Result<()>;
@@ -31,11 +113,11 @@ pub(crate) mod ffi {
         fn list_len(l: &ArrayList) -> Result<usize>;
         fn list_get(l: &ArrayList, i: usize) -> Result<UniquePtr<Array>>;
 
-        fn unary(op: i32, a: &Array) -> Result<UniquePtr<Array>>;
-        fn binary(op: i32, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
+        fn unary(op: UnaryOp, a: &Array) -> Result<UniquePtr<Array>>;
+        fn binary(op: BinaryOp, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
         fn where_(cond: &Array, a: &Array, b: &Array) -> Result<UniquePtr<Array>>;
-        fn astype(a: &Array, dtype: i32) -> Result<UniquePtr<Array>>;
-        fn view(a: &Array, dtype: i32) -> Result<UniquePtr<Array>>;
+        fn astype(a: &Array, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
+        fn view(a: &Array, dtype: DtypeCode) -> Result<UniquePtr<Array>>;
 
         fn reshape(a: &Array, shape: &[i32]) -> Result<UniquePtr<Array>>;
         fn transpose(a: &Array, axes: &[i32]) -> Result<UniquePtr<Array>>;
@@ -60,7 +142,7 @@ pub(crate) mod ffi {
         fn sort(a: &Array, axis: i32) -> Result<UniquePtr<Array>>;
         fn argsort(a: &Array, axis: i32) -> Result<UniquePtr<Array>>;
 
-        fn reduce(op: i32, a: &Array, axes: &[i32], keepdims: bool) -> Result<UniquePtr<Array>>;
+        fn reduce(op: ReduceOp, a: &Array, axes: &[i32], keepdims: bool) -> Result<UniquePtr<Array>>;
         fn argmax(a: &Array, axis: i32, keepdims: bool) -> Result<UniquePtr<Array>>;
         fn argmin(a: &Array, axis: i32, keepdims: bool) -> Result<UniquePtr<Array>>;
         fn softmax(a: &Array, axes: &[i32], precise: bool) -> Result<UniquePtr<Array>>;
@@ -128,10 +210,16 @@ pub(crate) mod ffi {
             low: &Array,
             high: &Array,
             shape: &[i32],
-            dtype: i32,
+            dtype: DtypeCode,
             key: &Array,
         ) -> Result<UniquePtr<Array>>;
-        fn random_normal(shape: &[i32], dtype: i32, loc: f32, scale: f32, key: &Array) -> Result<UniquePtr<Array>>;
+        fn random_normal(
+            shape: &[i32],
+            dtype: DtypeCode,
+            loc: f32,
+            scale: f32,
+            key: &Array,
+        ) -> Result<UniquePtr<Array>>;
         fn random_categorical(logits: &Array, axis: i32, key: &Array) -> Result<UniquePtr<Array>>;
 
         fn load_safetensors(
@@ -141,14 +229,14 @@ pub(crate) mod ffi {
         ) -> Result<UniquePtr<ArrayList>>;
         fn save_safetensors(path: &str, names: &[String], arrays: &ArrayList, metadata: &[String]) -> Result<()>;
 
-        fn set_default_device(kind: i32) -> Result<()>;
-        fn default_device() -> Result<i32>;
-        fn device_available(kind: i32) -> Result<bool>;
+        fn set_default_device(kind: DeviceKind) -> Result<()>;
+        fn default_device() -> Result<DeviceKind>;
+        fn device_available(kind: DeviceKind) -> Result<bool>;
 
-        fn new_stream(kind: i32) -> Result<i32>;
-        fn default_stream(kind: i32) -> Result<i32>;
-        fn set_default_stream(index: i32, kind: i32) -> Result<()>;
-        fn synchronize_stream(index: i32, kind: i32) -> Result<()>;
+        fn new_stream(kind: DeviceKind) -> Result<i32>;
+        fn default_stream(kind: DeviceKind) -> Result<i32>;
+        fn set_default_stream(index: i32, kind: DeviceKind) -> Result<()>;
+        fn synchronize_stream(index: i32, kind: DeviceKind) -> Result<()>;
 
         fn value_and_grad(ctx: &mut GradCtx<'_>, inputs: &ArrayList, argnums: &[i32]) -> Result<UniquePtr<ArrayList>>;
         fn vjp(ctx: &mut GradCtx<'_>, primals: &ArrayList, cotangents: &ArrayList) -> Result<UniquePtr<ArrayList>>;

@@ -17,10 +17,8 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "mlx-core/src/sys/row_kernel.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
 
 namespace mx = mlx::core;
 
@@ -72,7 +70,7 @@ void attend_row_generic(const float* q, const float* const* k, const float* cons
   for (int d = 0; d < D; ++d) out[d] *= inv;
 }
 
-#if defined(__x86_64__) || defined(_M_X64)
+#ifdef MLXR_X86
 __attribute__((target("avx2,fma"))) void attend_row_avx2(const float* q, const float* const* k,
                                                          const float* const* v, int L, int D, float scale,
                                                          float* out, float* scores) {
@@ -102,17 +100,13 @@ __attribute__((target("avx2,fma"))) void attend_row_avx2(const float* q, const f
   for (int d = 0; d < D; ++d) out[d] *= inv;
 }
 
-bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
 #endif
 
 void attend_row(const float* q, const std::vector<const float*>& k, const std::vector<const float*>& v, int D,
                 float scale, float* out, std::vector<float>& scores) {
   const int L = static_cast<int>(k.size());
   scores.resize(k.size());
-#if defined(__x86_64__) || defined(_M_X64)
+#ifdef MLXR_X86
   if (has_avx2_fma()) return attend_row_avx2(q, k.data(), v.data(), L, D, scale, out, scores.data());
 #endif
   attend_row_generic(q, k.data(), v.data(), L, D, scale, out, scores.data());
@@ -148,26 +142,19 @@ struct Rows {
   const float* row(int b, int h, int l) const { return base + b * sb + h * sh + l * sl; }
 };
 
-class RowAttention : public mx::Primitive {
+class RowAttention : public CpuOnlyMulti {
  public:
   RowAttention(mx::Stream s, float scale, std::vector<int> segments)
-      : mx::Primitive(s), scale_(scale), segments_(std::move(segments)) {}
+      : CpuOnlyMulti(s), scale_(scale), segments_(std::move(segments)) {}
 
   // inputs: q [B, Hq, n, D] row-contiguous, then for each row i its keys and values as
   // segments_[i] pairs k, v [B, Hkv, L_s, D], attended as their concatenation along L (each
   // row of D floats contiguous; any strides over B, Hkv and L).
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     mx::array& out = outputs[0];
-    if (!inputs[0].flags().row_contiguous) throw std::invalid_argument("RowAttention: q must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> held;
-    for (const auto& a : inputs) {
-      enc.set_input_array(a);
-      held.push_back(mx::array::unsafe_weak_copy(a));
-    }
-    enc.set_output_array(out);
-    enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), scale = scale_,
+    // Only q must be row-contiguous: keys and values are read through their strides.
+    auto held = hold_row_inputs(inputs, out, stream(), "RowAttention", 1);
+    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), scale = scale_,
                   segments = segments_]() mutable {
       const mx::array& q = held[0];
       const int B = q.shape(0), Hq = q.shape(1), n = q.shape(2), D = q.shape(3);
@@ -205,10 +192,6 @@ class RowAttention : public mx::Primitive {
         copies.clear();
       }
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("RowAttention runs on the CPU only");
   }
 
   DEFINE_NAME(RowAttention)

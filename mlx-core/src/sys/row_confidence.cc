@@ -7,7 +7,7 @@
 // a matmul, a sigmoid), each ~20 µs of scheduling on a CPU whatever its size: about 4% of a round
 // of the default pair. Here it is one pass over each row's logits.
 #include "mlx-core/src/sys/shim.h"
-#include "mlx-core/src/sys/row_inputs.h"
+#include "mlx-core/src/sys/row_kernel.h"
 
 #include <cmath>
 #include <limits>
@@ -39,10 +39,10 @@ void law_row(const float* l, int V, float* log_top, float* entropy) {
   *entropy = std::log(s) - t / s;
 }
 
-class RowConfidence : public mx::UnaryPrimitive {
+class RowConfidence : public CpuOnlyUnary {
  public:
   // inputs: the feature parts [R, d_j]..., w [I], b [1], then (with law) logits [R, V].
-  RowConfidence(mx::Stream s, int parts, bool law) : mx::UnaryPrimitive(s), parts_(parts), law_(law) {}
+  RowConfidence(mx::Stream s, int parts, bool law) : CpuOnlyUnary(s), parts_(parts), law_(law) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto held = hold_row_inputs(inputs, out, stream(), "RowConfidence");
@@ -69,10 +69,6 @@ class RowConfidence : public mx::UnaryPrimitive {
         out.data<float>()[r] = 1.0f / (1.0f + std::exp(-z));
       }
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("RowConfidence runs on the CPU only");
   }
 
   DEFINE_NAME(RowConfidence)

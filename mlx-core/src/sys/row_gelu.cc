@@ -19,11 +19,8 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "mlx-core/src/sys/row_kernel.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define MLXR_X86 1
-#endif
 
 namespace mx = mlx::core;
 
@@ -101,10 +98,6 @@ __attribute__((target("avx2,fma"))) void gelu_avx2(const float* x, float* y, siz
   }
 }
 
-bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
 #endif
 
 // cap · tanh(x / cap), the final-logit softcap, with the same tanh as gelu: a row of 262k (or
@@ -157,24 +150,15 @@ void softcap_kernel(const float* x, float* y, size_t n, float cap) {
   for (size_t i = 0; i < n; ++i) y[i] = softcap_one(x[i], cap);
 }
 
-class RowSoftcap : public mx::UnaryPrimitive {
+class RowSoftcap : public CpuOnlyUnary {
  public:
-  RowSoftcap(mx::Stream s, float cap) : mx::UnaryPrimitive(s), cap_(cap) {}
+  RowSoftcap(mx::Stream s, float cap) : CpuOnlyUnary(s), cap_(cap) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const mx::array& x = inputs[0];
-    if (!x.flags().row_contiguous) throw std::invalid_argument("RowSoftcap: input must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(x), out = mx::array::unsafe_weak_copy(out), cap = cap_]() mutable {
+    auto held = hold_row_inputs(inputs, out, stream(), "RowSoftcap");
+    mx::cpu::get_command_encoder(stream()).dispatch([x = held[0], out = mx::array::unsafe_weak_copy(out), cap = cap_]() mutable {
       softcap_kernel(x.data<float>(), out.data<float>(), x.size(), cap);
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("RowSoftcap runs on the CPU only");
   }
 
   // d/dx cap·tanh(x / cap) = 1 − tanh²(x / cap), through MLX's ops.
@@ -202,24 +186,15 @@ void gelu_kernel(const float* x, float* y, size_t n) {
   gelu_generic(x, y, n);
 }
 
-class RowGelu : public mx::UnaryPrimitive {
+class RowGelu : public CpuOnlyUnary {
  public:
-  explicit RowGelu(mx::Stream s) : mx::UnaryPrimitive(s) {}
+  explicit RowGelu(mx::Stream s) : CpuOnlyUnary(s) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const mx::array& x = inputs[0];
-    if (!x.flags().row_contiguous) throw std::invalid_argument("RowGelu: input must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(x), out = mx::array::unsafe_weak_copy(out)]() mutable {
+    auto held = hold_row_inputs(inputs, out, stream(), "RowGelu");
+    mx::cpu::get_command_encoder(stream()).dispatch([x = held[0], out = mx::array::unsafe_weak_copy(out)]() mutable {
       gelu_kernel(x.data<float>(), out.data<float>(), x.size());
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("RowGelu runs on the CPU only");
   }
 
   // d gelu(x) through MLX's ops on the composed form (training never needs the vector form).

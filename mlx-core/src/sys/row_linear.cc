@@ -22,11 +22,8 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "mlx-core/src/sys/row_kernel.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define MLXR_X86 1
-#endif
 
 namespace mx = mlx::core;
 
@@ -186,10 +183,6 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
   }
 }
 
-bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
 
 // AVX-512 form of the same arithmetic: a 512-bit register holds the eight lanes of two weight
 // rows ([w_n | w_n+1]) against the input row broadcast to both halves, so one FMA does the work
@@ -332,30 +325,17 @@ void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, i
   if (!Helper::get().split([&] { block(mid, N); }, [&] { block(0, mid); })) block(0, N);
 }
 
-class RowLinear : public mx::UnaryPrimitive {
+class RowLinear : public CpuOnlyUnary {
  public:
-  explicit RowLinear(mx::Stream s) : mx::UnaryPrimitive(s) {}
+  explicit RowLinear(mx::Stream s) : CpuOnlyUnary(s) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const mx::array& x = inputs[0];
-    const mx::array& w = inputs[1];
-    if (!x.flags().row_contiguous || !w.flags().row_contiguous) {
-      throw std::invalid_argument("RowLinear: inputs must be row-contiguous");
-    }
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_input_array(w);
-    enc.set_output_array(out);
-    const int M = x.shape(0), K = x.shape(1), N = w.shape(0);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
-                  out = mx::array::unsafe_weak_copy(out), M, K, N]() mutable {
+    auto held = hold_row_inputs(inputs, out, stream(), "RowLinear");
+    const int M = held[0].shape(0), K = held[0].shape(1), N = held[1].shape(0);
+    mx::cpu::get_command_encoder(stream()).dispatch([x = held[0], w = held[1], out = mx::array::unsafe_weak_copy(out),
+                                                     M, K, N]() mutable {
       row_linear_kernel(x.data<float>(), w.data<float>(), out.data<float>(), M, K, N);
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("RowLinear runs on the CPU only");
   }
 
   // d(x Wᵀ): dx = dy W, dW = dyᵀ x (plain MLX ops; training never needs the row invariance).

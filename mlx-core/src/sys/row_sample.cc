@@ -10,7 +10,7 @@
 // then 1/T, then softmax. The law is the composed pipeline's; only the rounding of the sums
 // differs (and which of several exactly equal values a top-k or min-p keep-count keeps).
 #include "mlx-core/src/sys/shim.h"
-#include "mlx-core/src/sys/row_inputs.h"
+#include "mlx-core/src/sys/row_kernel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -137,28 +137,19 @@ void probs_row(const float* l, float* p, int V, const Filter& f, std::vector<int
   for (int i = 0; i < V; ++i) p[i] /= t;
 }
 
-class RowProbs : public mx::UnaryPrimitive {
+class RowProbs : public CpuOnlyUnary {
  public:
-  RowProbs(mx::Stream s, Filter f) : mx::UnaryPrimitive(s), f_(f) {}
+  RowProbs(mx::Stream s, Filter f) : CpuOnlyUnary(s), f_(f) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const mx::array& x = inputs[0];
-    if (!x.flags().row_contiguous) throw std::invalid_argument("RowProbs: input must be row-contiguous");
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(x);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(x), out = mx::array::unsafe_weak_copy(out), f = f_]() mutable {
+    auto held = hold_row_inputs(inputs, out, stream(), "RowProbs");
+    mx::cpu::get_command_encoder(stream()).dispatch([x = held[0], out = mx::array::unsafe_weak_copy(out), f = f_]() mutable {
       const int V = x.shape(-1);
       const size_t R = V == 0 ? 0 : x.size() / static_cast<size_t>(V);
       std::vector<int> idx;
       std::vector<float> e;
       for (size_t r = 0; r < R; ++r) probs_row(x.data<float>() + r * V, out.data<float>() + r * V, V, f, idx, e);
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("RowProbs runs on the CPU only");
   }
 
   DEFINE_NAME(RowProbs)
@@ -191,10 +182,10 @@ uint32_t draw_row(const float* w, int V, float u) {
   return static_cast<uint32_t>(std::max(last, 0));
 }
 
-class RowDraw : public mx::UnaryPrimitive {
+class RowDraw : public CpuOnlyUnary {
  public:
   // inputs: u [R], weights or p [R, V], and with a residual q [R, V].
-  RowDraw(mx::Stream s, float empty_mass) : mx::UnaryPrimitive(s), empty_mass_(empty_mass) {}
+  RowDraw(mx::Stream s, float empty_mass) : CpuOnlyUnary(s), empty_mass_(empty_mass) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto held = hold_row_inputs(inputs, out, stream(), "RowDraw");
@@ -218,10 +209,6 @@ class RowDraw : public mx::UnaryPrimitive {
         out.data<uint32_t>()[r] = draw_row(row, V, u.data<float>()[r]);
       }
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("RowDraw runs on the CPU only");
   }
 
   DEFINE_NAME(RowDraw)

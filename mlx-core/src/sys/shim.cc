@@ -26,28 +26,46 @@ __attribute__((constructor)) static void mlx_core_blas_anchor() {
 namespace mlxr {
 namespace {
 
-// The one place dtype codes are translated; the codes match `Dtype` in src/dtype.rs.
-mx::Dtype to_dtype(int32_t code) {
+// The one place dtypes are translated, by name in both directions.
+mx::Dtype to_dtype(DtypeCode code) {
   switch (code) {
-    case 0: return mx::bool_;
-    case 1: return mx::uint8;
-    case 2: return mx::uint16;
-    case 3: return mx::uint32;
-    case 4: return mx::uint64;
-    case 5: return mx::int8;
-    case 6: return mx::int16;
-    case 7: return mx::int32;
-    case 8: return mx::int64;
-    case 9: return mx::float16;
-    case 10: return mx::float32;
-    case 11: return mx::float64;
-    case 12: return mx::bfloat16;
-    case 13: return mx::complex64;
-    default: throw std::invalid_argument("unknown dtype code " + std::to_string(code));
+    case DtypeCode::Bool: return mx::bool_;
+    case DtypeCode::U8: return mx::uint8;
+    case DtypeCode::U16: return mx::uint16;
+    case DtypeCode::U32: return mx::uint32;
+    case DtypeCode::U64: return mx::uint64;
+    case DtypeCode::I8: return mx::int8;
+    case DtypeCode::I16: return mx::int16;
+    case DtypeCode::I32: return mx::int32;
+    case DtypeCode::I64: return mx::int64;
+    case DtypeCode::F16: return mx::float16;
+    case DtypeCode::F32: return mx::float32;
+    case DtypeCode::F64: return mx::float64;
+    case DtypeCode::Bf16: return mx::bfloat16;
+    case DtypeCode::C64: return mx::complex64;
   }
+  throw std::invalid_argument("unknown dtype code " + std::to_string(static_cast<int32_t>(code)));
 }
 
-int32_t from_dtype(mx::Dtype d) { return static_cast<int32_t>(d.val()); }
+DtypeCode from_dtype(mx::Dtype d) {
+  switch (d.val()) {
+    case mx::Dtype::Val::bool_: return DtypeCode::Bool;
+    case mx::Dtype::Val::uint8: return DtypeCode::U8;
+    case mx::Dtype::Val::uint16: return DtypeCode::U16;
+    case mx::Dtype::Val::uint32: return DtypeCode::U32;
+    case mx::Dtype::Val::uint64: return DtypeCode::U64;
+    case mx::Dtype::Val::int8: return DtypeCode::I8;
+    case mx::Dtype::Val::int16: return DtypeCode::I16;
+    case mx::Dtype::Val::int32: return DtypeCode::I32;
+    case mx::Dtype::Val::int64: return DtypeCode::I64;
+    case mx::Dtype::Val::float16: return DtypeCode::F16;
+    case mx::Dtype::Val::float32: return DtypeCode::F32;
+    case mx::Dtype::Val::float64: return DtypeCode::F64;
+    case mx::Dtype::Val::bfloat16: return DtypeCode::Bf16;
+    case mx::Dtype::Val::complex64: return DtypeCode::C64;
+  }
+  throw std::invalid_argument("an MLX dtype this binding does not know");
+}
 
 mx::Shape to_shape(rust::Slice<const int32_t> s) { return mx::Shape(s.begin(), s.end()); }
 std::vector<int> to_ints(rust::Slice<const int32_t> s) { return std::vector<int>(s.begin(), s.end()); }
@@ -65,8 +83,12 @@ std::unique_ptr<ArrayList> wrap_list(std::vector<mx::array> v) {
   return l;
 }
 
-mx::Device to_device(int32_t kind) {
-  return kind == 0 ? mx::Device(mx::Device::cpu) : mx::Device(mx::Device::gpu);
+mx::Device to_device(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::Cpu: return mx::Device(mx::Device::cpu);
+    case DeviceKind::Gpu: return mx::Device(mx::Device::gpu);
+  }
+  throw std::invalid_argument("unknown device kind " + std::to_string(static_cast<int32_t>(kind)));
 }
 
 }  // namespace
@@ -79,7 +101,7 @@ rust::Vec<int32_t> shape(const Array& a) {
   return out;
 }
 
-int32_t dtype(const Array& a) { return from_dtype(a.inner.dtype()); }
+DtypeCode dtype(const Array& a) { return from_dtype(a.inner.dtype()); }
 size_t nbytes(const Array& a) { return a.inner.nbytes(); }
 
 rust::String mlx_version() { return rust::String(mx::version()); }
@@ -92,7 +114,7 @@ rust::String blas_core() {
   return rust::String(name != nullptr ? name : "");
 }
 
-ArrayPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shp, int32_t code) {
+ArrayPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shp, DtypeCode code) {
   auto dt = to_dtype(code);
   auto sh = to_shape(shp);
   size_t n = 1;
@@ -112,7 +134,7 @@ ArrayPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> 
   return wrap(mx::reshape(typed, sh));
 }
 
-ArrayPtr scalar_f64(double v, int32_t code) {
+ArrayPtr scalar_f64(double v, DtypeCode code) {
   // Like MLX's Python binding: the value is taken as a float and converted to the target dtype.
   auto dt = to_dtype(code);
   if (mx::issubdtype(dt, mx::integer) || dt == mx::bool_) {
@@ -121,12 +143,12 @@ ArrayPtr scalar_f64(double v, int32_t code) {
   return wrap(mx::array(static_cast<float>(v), dt));
 }
 
-ArrayPtr full(rust::Slice<const int32_t> shp, double v, int32_t code) {
+ArrayPtr full(rust::Slice<const int32_t> shp, double v, DtypeCode code) {
   auto s = scalar_f64(v, code);
   return wrap(mx::full(to_shape(shp), s->inner, to_dtype(code)));
 }
 
-ArrayPtr arange(double start, double stop, double step, int32_t code) {
+ArrayPtr arange(double start, double stop, double step, DtypeCode code) {
   return wrap(mx::arange(start, stop, step, to_dtype(code)));
 }
 
@@ -153,58 +175,56 @@ ArrayPtr list_get(const ArrayList& l, size_t i) {
   return wrap(l.items[i]);
 }
 
-// Codes match `UnaryOp` in src/ops/elementwise.rs.
-ArrayPtr unary(int32_t op, const Array& a) {
+ArrayPtr unary(UnaryOp op, const Array& a) {
   const auto& x = a.inner;
   switch (op) {
-    case 0: return wrap(mx::negative(x));
-    case 1: return wrap(mx::exp(x));
-    case 2: return wrap(mx::log(x));
-    case 3: return wrap(mx::tanh(x));
-    case 4: return wrap(mx::sigmoid(x));
-    case 5: return wrap(mx::sqrt(x));
-    case 6: return wrap(mx::rsqrt(x));
-    case 7: return wrap(mx::abs(x));
-    case 8: return wrap(mx::square(x));
-    case 9: return wrap(mx::logical_not(x));
-    case 10: return wrap(mx::isnan(x));
-    case 11: return wrap(mx::floor(x));
-    case 12: return wrap(mx::log1p(x));
-    case 13: return wrap(mx::erf(x));
-    case 14: return wrap(mx::isinf(x));
-    default: throw std::invalid_argument("unknown unary op code " + std::to_string(op));
+    case UnaryOp::Negative: return wrap(mx::negative(x));
+    case UnaryOp::Exp: return wrap(mx::exp(x));
+    case UnaryOp::Log: return wrap(mx::log(x));
+    case UnaryOp::Tanh: return wrap(mx::tanh(x));
+    case UnaryOp::Sigmoid: return wrap(mx::sigmoid(x));
+    case UnaryOp::Sqrt: return wrap(mx::sqrt(x));
+    case UnaryOp::Rsqrt: return wrap(mx::rsqrt(x));
+    case UnaryOp::Abs: return wrap(mx::abs(x));
+    case UnaryOp::Square: return wrap(mx::square(x));
+    case UnaryOp::LogicalNot: return wrap(mx::logical_not(x));
+    case UnaryOp::IsNan: return wrap(mx::isnan(x));
+    case UnaryOp::Floor: return wrap(mx::floor(x));
+    case UnaryOp::Log1p: return wrap(mx::log1p(x));
+    case UnaryOp::Erf: return wrap(mx::erf(x));
+    case UnaryOp::IsInf: return wrap(mx::isinf(x));
   }
+  throw std::invalid_argument("unknown unary op code " + std::to_string(static_cast<int32_t>(op)));
 }
 
-// Codes match `BinaryOp` in src/ops/elementwise.rs.
-ArrayPtr binary(int32_t op, const Array& a, const Array& b) {
+ArrayPtr binary(BinaryOp op, const Array& a, const Array& b) {
   const auto& x = a.inner;
   const auto& y = b.inner;
   switch (op) {
-    case 0: return wrap(mx::add(x, y));
-    case 1: return wrap(mx::subtract(x, y));
-    case 2: return wrap(mx::multiply(x, y));
-    case 3: return wrap(mx::divide(x, y));
-    case 4: return wrap(mx::maximum(x, y));
-    case 5: return wrap(mx::minimum(x, y));
-    case 6: return wrap(mx::power(x, y));
-    case 7: return wrap(mx::equal(x, y));
-    case 8: return wrap(mx::not_equal(x, y));
-    case 9: return wrap(mx::less(x, y));
-    case 10: return wrap(mx::less_equal(x, y));
-    case 11: return wrap(mx::greater(x, y));
-    case 12: return wrap(mx::greater_equal(x, y));
-    case 13: return wrap(mx::logical_and(x, y));
-    case 14: return wrap(mx::logical_or(x, y));
-    case 15: return wrap(mx::floor_divide(x, y));
-    case 16: return wrap(mx::remainder(x, y));
-    default: throw std::invalid_argument("unknown binary op code " + std::to_string(op));
+    case BinaryOp::Add: return wrap(mx::add(x, y));
+    case BinaryOp::Subtract: return wrap(mx::subtract(x, y));
+    case BinaryOp::Multiply: return wrap(mx::multiply(x, y));
+    case BinaryOp::Divide: return wrap(mx::divide(x, y));
+    case BinaryOp::Maximum: return wrap(mx::maximum(x, y));
+    case BinaryOp::Minimum: return wrap(mx::minimum(x, y));
+    case BinaryOp::Power: return wrap(mx::power(x, y));
+    case BinaryOp::Equal: return wrap(mx::equal(x, y));
+    case BinaryOp::NotEqual: return wrap(mx::not_equal(x, y));
+    case BinaryOp::Less: return wrap(mx::less(x, y));
+    case BinaryOp::LessEqual: return wrap(mx::less_equal(x, y));
+    case BinaryOp::Greater: return wrap(mx::greater(x, y));
+    case BinaryOp::GreaterEqual: return wrap(mx::greater_equal(x, y));
+    case BinaryOp::LogicalAnd: return wrap(mx::logical_and(x, y));
+    case BinaryOp::LogicalOr: return wrap(mx::logical_or(x, y));
+    case BinaryOp::FloorDivide: return wrap(mx::floor_divide(x, y));
+    case BinaryOp::Remainder: return wrap(mx::remainder(x, y));
   }
+  throw std::invalid_argument("unknown binary op code " + std::to_string(static_cast<int32_t>(op)));
 }
 
 ArrayPtr where_(const Array& c, const Array& a, const Array& b) { return wrap(mx::where(c.inner, a.inner, b.inner)); }
-ArrayPtr astype(const Array& a, int32_t code) { return wrap(mx::astype(a.inner, to_dtype(code))); }
-ArrayPtr view(const Array& a, int32_t code) { return wrap(mx::view(a.inner, to_dtype(code))); }
+ArrayPtr astype(const Array& a, DtypeCode code) { return wrap(mx::astype(a.inner, to_dtype(code))); }
+ArrayPtr view(const Array& a, DtypeCode code) { return wrap(mx::view(a.inner, to_dtype(code))); }
 
 ArrayPtr reshape(const Array& a, rust::Slice<const int32_t> s) { return wrap(mx::reshape(a.inner, to_shape(s))); }
 ArrayPtr transpose(const Array& a, rust::Slice<const int32_t> axes) {
@@ -237,17 +257,17 @@ ArrayPtr argpartition(const Array& a, int32_t kth, int32_t axis) { return wrap(m
 ArrayPtr sort(const Array& a, int32_t axis) { return wrap(mx::sort(a.inner, axis)); }
 ArrayPtr argsort(const Array& a, int32_t axis) { return wrap(mx::argsort(a.inner, axis)); }
 
-ArrayPtr reduce(int32_t op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims) {
+ArrayPtr reduce(ReduceOp op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims) {
   auto ax = to_ints(axes);
   switch (op) {
-    case 0: return wrap(mx::sum(a.inner, ax, keepdims));
-    case 1: return wrap(mx::max(a.inner, ax, keepdims));
-    case 2: return wrap(mx::min(a.inner, ax, keepdims));
-    case 3: return wrap(mx::mean(a.inner, ax, keepdims));
-    case 4: return wrap(mx::logsumexp(a.inner, ax, keepdims));
-    case 5: return wrap(mx::prod(a.inner, ax, keepdims));
-    default: throw std::invalid_argument("unknown reduction code " + std::to_string(op));
+    case ReduceOp::Sum: return wrap(mx::sum(a.inner, ax, keepdims));
+    case ReduceOp::Max: return wrap(mx::max(a.inner, ax, keepdims));
+    case ReduceOp::Min: return wrap(mx::min(a.inner, ax, keepdims));
+    case ReduceOp::Mean: return wrap(mx::mean(a.inner, ax, keepdims));
+    case ReduceOp::LogSumExp: return wrap(mx::logsumexp(a.inner, ax, keepdims));
+    case ReduceOp::Prod: return wrap(mx::prod(a.inner, ax, keepdims));
   }
+  throw std::invalid_argument("unknown reduction code " + std::to_string(static_cast<int32_t>(op)));
 }
 ArrayPtr argmax(const Array& a, int32_t axis, bool keepdims) { return wrap(mx::argmax(a.inner, axis, keepdims)); }
 ArrayPtr argmin(const Array& a, int32_t axis, bool keepdims) { return wrap(mx::argmin(a.inner, axis, keepdims)); }
@@ -312,12 +332,12 @@ std::unique_ptr<ArrayList> random_split(const Array& key, int32_t num) {
   return wrap_list(std::move(out));
 }
 
-ArrayPtr random_uniform(const Array& low, const Array& high, rust::Slice<const int32_t> shp, int32_t code,
+ArrayPtr random_uniform(const Array& low, const Array& high, rust::Slice<const int32_t> shp, DtypeCode code,
                         const Array& key) {
   return wrap(mx::random::uniform(low.inner, high.inner, to_shape(shp), to_dtype(code), key.inner));
 }
 
-ArrayPtr random_normal(rust::Slice<const int32_t> shp, int32_t code, float loc, float scale, const Array& key) {
+ArrayPtr random_normal(rust::Slice<const int32_t> shp, DtypeCode code, float loc, float scale, const Array& key) {
   return wrap(mx::random::normal(to_shape(shp), to_dtype(code), loc, scale, key.inner));
 }
 
@@ -350,14 +370,16 @@ void save_safetensors(rust::Str path, rust::Slice<const rust::String> names, con
   mx::save_safetensors(std::string(path), std::move(m), std::move(meta));
 }
 
-void set_default_device(int32_t kind) { mx::set_default_device(to_device(kind)); }
-int32_t default_device() { return mx::default_device() == mx::Device(mx::Device::cpu) ? 0 : 1; }
-bool device_available(int32_t kind) { return mx::is_available(to_device(kind)); }
+void set_default_device(DeviceKind kind) { mx::set_default_device(to_device(kind)); }
+DeviceKind default_device() {
+  return mx::default_device() == mx::Device(mx::Device::cpu) ? DeviceKind::Cpu : DeviceKind::Gpu;
+}
+bool device_available(DeviceKind kind) { return mx::is_available(to_device(kind)); }
 
-int32_t new_stream(int32_t kind) { return mx::new_stream(to_device(kind)).index; }
-int32_t default_stream(int32_t kind) { return mx::default_stream(to_device(kind)).index; }
-void set_default_stream(int32_t index, int32_t kind) { mx::set_default_stream(mx::Stream(index, to_device(kind))); }
-void synchronize_stream(int32_t index, int32_t kind) { mx::synchronize(mx::Stream(index, to_device(kind))); }
+int32_t new_stream(DeviceKind kind) { return mx::new_stream(to_device(kind)).index; }
+int32_t default_stream(DeviceKind kind) { return mx::default_stream(to_device(kind)).index; }
+void set_default_stream(int32_t index, DeviceKind kind) { mx::set_default_stream(mx::Stream(index, to_device(kind))); }
+void synchronize_stream(int32_t index, DeviceKind kind) { mx::synchronize(mx::Stream(index, to_device(kind))); }
 
 // ---- autodiff ----
 namespace {

@@ -26,19 +26,26 @@ using ArrayPtr = std::unique_ptr<Array>;
 // A Rust closure being differentiated (opaque; defined by the Rust side of the bridge).
 struct GradCtx;
 
+// The bridge's shared enums (defined in the generated mod.rs.h, with these underlying types).
+enum class DtypeCode : std::int32_t;
+enum class UnaryOp : std::int32_t;
+enum class BinaryOp : std::int32_t;
+enum class ReduceOp : std::int32_t;
+enum class DeviceKind : std::int32_t;
+
 // ---- handles and metadata ----
 ArrayPtr clone_array(const Array& a);
 rust::Vec<int32_t> shape(const Array& a);
-int32_t dtype(const Array& a);
+DtypeCode dtype(const Array& a);
 size_t nbytes(const Array& a);
 rust::String mlx_version();
 rust::String blas_core();
 
 // ---- construction and readback ----
-ArrayPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, int32_t dtype);
-ArrayPtr scalar_f64(double v, int32_t dtype);
-ArrayPtr full(rust::Slice<const int32_t> shape, double v, int32_t dtype);
-ArrayPtr arange(double start, double stop, double step, int32_t dtype);
+ArrayPtr from_bytes(rust::Slice<const uint8_t> data, rust::Slice<const int32_t> shape, DtypeCode dtype);
+ArrayPtr scalar_f64(double v, DtypeCode dtype);
+ArrayPtr full(rust::Slice<const int32_t> shape, double v, DtypeCode dtype);
+ArrayPtr arange(double start, double stop, double step, DtypeCode dtype);
 rust::Vec<uint8_t> to_bytes(const Array& a);
 void eval(const ArrayList& l);
 void async_eval(const ArrayList& l);
@@ -51,11 +58,11 @@ size_t list_len(const ArrayList& l);
 ArrayPtr list_get(const ArrayList& l, size_t i);
 
 // ---- elementwise ----
-ArrayPtr unary(int32_t op, const Array& a);
-ArrayPtr binary(int32_t op, const Array& a, const Array& b);
+ArrayPtr unary(UnaryOp op, const Array& a);
+ArrayPtr binary(BinaryOp op, const Array& a, const Array& b);
 ArrayPtr where_(const Array& cond, const Array& a, const Array& b);
-ArrayPtr astype(const Array& a, int32_t dtype);
-ArrayPtr view(const Array& a, int32_t dtype);
+ArrayPtr astype(const Array& a, DtypeCode dtype);
+ArrayPtr view(const Array& a, DtypeCode dtype);
 
 // ---- shapes ----
 ArrayPtr reshape(const Array& a, rust::Slice<const int32_t> shape);
@@ -80,7 +87,7 @@ ArrayPtr argsort(const Array& a, int32_t axis);
 
 // ---- reductions ----
 // op: 0 sum, 1 max, 2 min, 3 mean, 4 logsumexp, 5 prod
-ArrayPtr reduce(int32_t op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims);
+ArrayPtr reduce(ReduceOp op, const Array& a, rust::Slice<const int32_t> axes, bool keepdims);
 ArrayPtr argmax(const Array& a, int32_t axis, bool keepdims);
 ArrayPtr argmin(const Array& a, int32_t axis, bool keepdims);
 ArrayPtr softmax(const Array& a, rust::Slice<const int32_t> axes, bool precise);
@@ -139,8 +146,8 @@ ArrayPtr gather_mm(const Array& a, const Array& b, const Array& rhs_indices, boo
 ArrayPtr random_key(uint64_t seed);
 std::unique_ptr<ArrayList> random_split(const Array& key, int32_t num);
 ArrayPtr random_uniform(const Array& low, const Array& high, rust::Slice<const int32_t> shape,
-                        int32_t dtype, const Array& key);
-ArrayPtr random_normal(rust::Slice<const int32_t> shape, int32_t dtype, float loc, float scale,
+                        DtypeCode dtype, const Array& key);
+ArrayPtr random_normal(rust::Slice<const int32_t> shape, DtypeCode dtype, float loc, float scale,
                        const Array& key);
 ArrayPtr random_categorical(const Array& logits, int32_t axis, const Array& key);
 
@@ -151,15 +158,15 @@ void save_safetensors(rust::Str path, rust::Slice<const rust::String> names, con
                       rust::Slice<const rust::String> metadata);
 
 // ---- device ----
-void set_default_device(int32_t kind);
-int32_t default_device();
-bool device_available(int32_t kind);
+void set_default_device(DeviceKind kind);
+DeviceKind default_device();
+bool device_available(DeviceKind kind);
 
 // ---- streams (identified by index and device kind) ----
-int32_t new_stream(int32_t kind);
-int32_t default_stream(int32_t kind);
-void set_default_stream(int32_t index, int32_t kind);
-void synchronize_stream(int32_t index, int32_t kind);
+int32_t new_stream(DeviceKind kind);
+int32_t default_stream(DeviceKind kind);
+void set_default_stream(int32_t index, DeviceKind kind);
+void synchronize_stream(int32_t index, DeviceKind kind);
 
 // ---- autodiff ----
 // Runs MLX's value_and_grad over the Rust closure in `ctx`: the closure's outputs (the first is

@@ -1,0 +1,72 @@
+// What every single-node CPU kernel of mlx-core shares: the CPU feature check that picks its
+// vector path, the set-up before its work runs (inputs checked row-contiguous, the output
+// allocated, both registered with the CPU command encoder, weak handles kept for the dispatched
+// closure), and the base classes that refuse the GPU (these kernels have no GPU form: callers
+// pick them only on the CPU, see mlx_core::blas::row_kernels_for).
+#pragma once
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define MLXR_X86 1
+#endif
+
+namespace mlxr {
+
+#ifdef MLXR_X86
+// Whether this CPU runs the AVX2 + FMA paths (checked once per process).
+inline bool has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+#endif
+
+// Registers `inputs` and `out` with the CPU encoder of `stream` and allocates `out`; returns
+// weak handles to the inputs for the dispatched closure. The first `contiguous` inputs (all by
+// default) must be row-contiguous: callers pass mx::contiguous copies.
+inline std::vector<mlx::core::array> hold_row_inputs(const std::vector<mlx::core::array>& inputs,
+                                                     mlx::core::array& out, mlx::core::Stream stream,
+                                                     const char* kernel, size_t contiguous = SIZE_MAX) {
+  namespace mx = mlx::core;
+  for (size_t i = 0; i < inputs.size() && i < contiguous; ++i) {
+    if (!inputs[i].flags().row_contiguous) {
+      throw std::invalid_argument(std::string(kernel) + ": inputs must be row-contiguous");
+    }
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream);
+  std::vector<mx::array> held;
+  for (const auto& a : inputs) {
+    enc.set_input_array(a);
+    held.push_back(mx::array::unsafe_weak_copy(a));
+  }
+  enc.set_output_array(out);
+  return held;
+}
+
+// A one-output kernel with only a CPU implementation.
+class CpuOnlyUnary : public mlx::core::UnaryPrimitive {
+ public:
+  using mlx::core::UnaryPrimitive::UnaryPrimitive;
+  void eval_gpu(const std::vector<mlx::core::array>&, mlx::core::array&) override {
+    throw std::runtime_error(std::string(name()) + " runs on the CPU only");
+  }
+};
+
+// A kernel with several outputs and only a CPU implementation.
+class CpuOnlyMulti : public mlx::core::Primitive {
+ public:
+  using mlx::core::Primitive::Primitive;
+  void eval_gpu(const std::vector<mlx::core::array>&, std::vector<mlx::core::array>&) override {
+    throw std::runtime_error(std::string(name()) + " runs on the CPU only");
+  }
+};
+
+}  // namespace mlxr
