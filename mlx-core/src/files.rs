@@ -1,9 +1,14 @@
-//! Bounded reads of the small text files around a checkpoint (configs, tokenizers, calibration,
-//! ledgers). A path that is a device, a pipe or a directory, or a file far larger than its kind
-//! can be, is refused before it is read: a `config.json` linked to `/dev/zero` would otherwise
-//! be read until memory runs out.
+//! The workspace's file primitives:
+//! - bounded reads of the small text files around a checkpoint (configs, tokenizers,
+//!   calibration, ledgers): a path that is a device, a pipe or a directory, or a file far larger
+//!   than its kind can be, is refused before it is read (a `config.json` linked to `/dev/zero`
+//!   would otherwise be read until memory runs out);
+//! - atomic replacement of a file: a temporary file in the same directory is written, flushed
+//!   to disk and renamed over the destination, and the directory is flushed, so a reader (or a
+//!   crash) sees the old file or the new one, never half of one. The temporary is named
+//!   `.NAME.tmp-XXXXXX` and removed if anything fails.
 
-use std::io::{Error, ErrorKind, Read};
+use std::io::{Error, ErrorKind, Read, Write};
 use std::path::Path;
 
 /// The most a JSON settings file (`config.json`, `dspark.json`, an index, a profile) may hold.
@@ -38,6 +43,45 @@ pub fn read_text(path: &Path, limit: u64) -> std::io::Result<String> {
         return Err(too_big(bytes.len() as u64));
     }
     String::from_utf8(bytes).map_err(|e| Error::new(ErrorKind::InvalidData, format!("not UTF-8 text ({e})")))
+}
+
+/// Replaces `path` with `bytes` atomically (see the module docs).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(path, "", |tmp| {
+        let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(tmp)?;
+        f.write_all(bytes)
+    })
+}
+
+/// Replaces `path` atomically with what `fill` writes to the temporary path it is given (for
+/// writers that take a path: MLX's safetensors writer, image encoders). `suffix` ends the
+/// temporary's name (MLX appends `.safetensors` to a name without it).
+pub fn write_atomic_with(
+    path: &Path,
+    suffix: &str,
+    fill: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::new(ErrorKind::InvalidInput, "the path has no file name"))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = tempfile::Builder::new().prefix(&format!(".{name}.tmp-")).suffix(suffix).tempfile_in(dir)?;
+    fill(tmp.path())?;
+    // The filler may have written through another handle: flush the file by its name.
+    std::fs::File::open(tmp.path())?.sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    sync_dir(dir)
+}
+
+/// Flushes a directory's entries (the rename) to disk; a no-op where directories cannot be
+/// opened as files.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    std::fs::File::open(dir)?.sync_all()?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 fn human(bytes: u64) -> String {
@@ -81,6 +125,29 @@ mod tests {
             let e = read_text(&link, JSON_LIMIT).unwrap_err();
             assert!(e.to_string().contains("not a regular file"), "{e}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn atomic_writes_replace_whole_files_and_leave_no_temporaries() {
+        let dir = std::env::temp_dir().join(format!("mlx-core-atomic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ledger");
+        write_atomic(&path, b"first").unwrap();
+        write_atomic(&path, b"second, longer").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"second, longer");
+        // A failing filler leaves the old file and no temporary behind.
+        let e = write_atomic_with(&path, ".x", |tmp| {
+            std::fs::write(tmp, "half")?;
+            Err(Error::other("the encoder failed"))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("encoder failed"));
+        assert_eq!(std::fs::read(&path).unwrap(), b"second, longer");
+        let names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, vec!["ledger".to_string()], "temporaries left behind");
+        assert!(write_atomic(&dir.join("missing/ledger"), b"x").is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

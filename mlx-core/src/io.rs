@@ -1,9 +1,9 @@
 //! Safetensors files through MLX's own loader (lazy: data is read when evaluated) and writer.
-//! Writes go to a temporary file in the same directory and are renamed into place, so an
-//! interrupted save never leaves a truncated checkpoint.
+//! Writes are atomic ([`crate::files::write_atomic_with`]): an interrupted save never leaves a
+//! truncated checkpoint.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::array::{Array, List};
 use crate::error::{Error, Result};
@@ -45,21 +45,17 @@ pub fn save_safetensors<'a>(
     let (names, arrays): (Vec<String>, Vec<&Array>) = tensors.into_iter().map(|(n, a)| (n.to_string(), a)).unzip();
     let list = List::new(arrays.iter().copied())?;
     let meta: Vec<String> = metadata.iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
-    let tmp = temp_sibling(path).map_err(|e| err(e.to_string()))?;
-    let tmp_str = tmp.to_str().ok_or_else(|| err("path is not valid UTF-8".into()))?;
-    if let Err(e) = ffi::save_safetensors(tmp_str, &names, list.raw(), &meta) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(err(e.what().to_string()));
+    let mut failure = None;
+    let written = crate::files::write_atomic_with(path, ".safetensors", |tmp| {
+        let tmp_str = tmp.to_str().ok_or_else(|| std::io::Error::other("path is not valid UTF-8"))?;
+        ffi::save_safetensors(tmp_str, &names, list.raw(), &meta).map_err(|e| {
+            failure = Some(e.what().to_string());
+            std::io::Error::other(e.what().to_string())
+        })
+    });
+    match (written, failure) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(message)) => Err(err(message)),
+        (Err(source), None) => Err(Error::Io { path: path.to_path_buf(), source }),
     }
-    std::fs::rename(&tmp, path).map_err(|source| Error::Io { path: path.to_path_buf(), source })
-}
-
-/// `dir/.name.tmp-PID.safetensors` (MLX appends `.safetensors` to names without it).
-fn temp_sibling(path: &Path) -> std::io::Result<PathBuf> {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    Ok(dir.join(format!(".{name}.tmp-{}.safetensors", std::process::id())))
 }

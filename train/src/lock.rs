@@ -1,9 +1,12 @@
-//! One writer per output directory: `regen` and `train` hold `DIR/.lock` (the writer's pid)
+//! One writer per output directory: `regen` and `train` hold an OS file lock on `DIR/.lock`
 //! while they write, so a second run on the same directory is refused instead of interleaving
-//! shards or checkpoints. A lock whose process is gone (Linux: no `/proc/PID`) is taken over.
+//! shards or checkpoints. The OS drops the lock when its process ends, however it ends, so a
+//! killed run never leaves a stale lock behind (on every platform, unlike a pid file). The file
+//! holds the writer's pid, for the refusal message only, and stays in place between runs:
+//! deleting a lock file can let two later writers lock two different files.
 
-use std::fs::OpenOptions;
-use std::io::Write;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -11,9 +14,10 @@ use crate::error::{Error, Result};
 /// The lock file's name inside the directory it guards.
 pub const LOCK_FILE: &str = ".lock";
 
-/// Held while a run writes to a directory; dropping it removes the lock file.
+/// Held while a run writes to a directory; dropping it releases the lock.
 #[derive(Debug)]
 pub struct DirLock {
+    file: File,
     path: PathBuf,
 }
 
@@ -23,48 +27,39 @@ impl DirLock {
     pub fn acquire(dir: &Path, what: &str) -> Result<DirLock> {
         std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
         let path = dir.join(LOCK_FILE);
-        for _ in 0..2 {
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut f) => {
-                    writeln!(f, "{}", std::process::id()).map_err(|source| Error::Io { path: path.clone(), source })?;
-                    return Ok(DirLock { path });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let holder = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u32>().ok());
-                    if holder.is_some_and(is_alive) {
-                        return Err(Error::Invalid {
-                            what: dir.display().to_string(),
-                            detail: format!(
-                                "another {what} (pid {}) is writing to this directory; wait for it, or delete {} \
-                                 if that process is not a dspark run",
-                                holder.unwrap_or(0),
-                                path.display()
-                            ),
-                        });
-                    }
-                    // Stale (its process is gone) or unreadable: take it over.
-                    std::fs::remove_file(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
-                }
-                Err(source) => return Err(Error::Io { path, source }),
+        let io = |source| Error::Io { path: path.clone(), source };
+        let mut file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                let holder = holder.trim();
+                let who = if holder.is_empty() { String::new() } else { format!(" (pid {holder})") };
+                return Err(Error::Invalid {
+                    what: dir.display().to_string(),
+                    detail: format!("another {what}{who} is writing to this directory; wait for it to finish"),
+                });
             }
+            Err(TryLockError::Error(source)) => return Err(io(source)),
         }
-        Err(Error::Invalid { what: path.display().to_string(), detail: "could not take the lock".into() })
+        file.set_len(0).map_err(io)?;
+        file.rewind().map_err(io)?;
+        writeln!(file, "{}", std::process::id()).map_err(io)?;
+        Ok(DirLock { file, path })
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
 impl Drop for DirLock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Whether a process with this pid exists (Linux); elsewhere assume it does (refuse, never
-/// take over a lock that might be live).
-fn is_alive(pid: u32) -> bool {
-    if cfg!(target_os = "linux") {
-        Path::new(&format!("/proc/{pid}")).exists()
-    } else {
-        true
+        // The pid is cleared; the OS lock goes with the file handle.
+        let _ = self.file.set_len(0);
     }
 }
 
@@ -73,21 +68,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn second_writer_is_refused_and_stale_locks_are_taken_over() {
+    fn second_writer_is_refused_and_a_released_lock_is_taken() {
         let dir = std::env::temp_dir().join(format!("dspark-lock-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let held = DirLock::acquire(&dir, "regen").unwrap();
         let e = DirLock::acquire(&dir, "train").unwrap_err().to_string();
         assert!(e.contains("another train") && e.contains(&std::process::id().to_string()), "{e}");
         drop(held);
-        assert!(!dir.join(LOCK_FILE).exists(), "dropping the lock removes the file");
-        // A lock left by a process that no longer exists (pid beyond Linux's pid_max).
+        let again = DirLock::acquire(&dir, "regen").expect("a released lock is taken");
+        drop(again);
+        // A pid left in the file by a killed writer does not hold the directory: only the OS lock
+        // does, and it died with its process.
         std::fs::write(dir.join(LOCK_FILE), "4194305\n").unwrap();
-        let taken = DirLock::acquire(&dir, "regen");
-        if cfg!(target_os = "linux") {
-            assert!(taken.is_ok(), "a stale lock is taken over");
-        }
+        let taken = DirLock::acquire(&dir, "regen").expect("a leftover lock file is no lock");
+        assert_eq!(std::fs::read_to_string(taken.path()).unwrap().trim(), std::process::id().to_string());
         drop(taken);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A lock held by another process is refused, and taken once that process has ended.
+    #[cfg(unix)]
+    #[test]
+    fn a_lock_dies_with_its_process() {
+        let dir = std::env::temp_dir().join(format!("dspark-lock-proc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let lock = dir.join(LOCK_FILE);
+        // flock(1) takes the file's lock and becomes `sleep` (-F: no fork, so killing it ends
+        // the only holder).
+        let Ok(mut child) = std::process::Command::new("flock").arg("-F").arg(&lock).args(["sleep", "30"]).spawn()
+        else {
+            panic!("flock(1) (util-linux) is needed for this test");
+        };
+        let t0 = std::time::Instant::now();
+        while DirLock::acquire(&dir, "regen").is_ok() {
+            assert!(t0.elapsed().as_secs() < 10, "the other process never took the lock");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(DirLock::acquire(&dir, "regen").is_ok(), "the lock is free once its process is gone");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

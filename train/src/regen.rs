@@ -11,7 +11,6 @@
 //! does not name; a rerun removes such a shard and regenerates its items.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -307,15 +306,8 @@ impl Ledger {
     }
 
     fn save(&self) -> Result<()> {
-        let tmp = self.path.with_file_name(format!(".{LEDGER}.tmp-{}", std::process::id()));
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::Io { path, source }
-        };
-        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all((self.lines.join("\n") + "\n").as_bytes()).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &self.path).map_err(io(&self.path))
+        mlx_core::files::write_atomic(&self.path, (self.lines.join("\n") + "\n").as_bytes())
+            .map_err(|source| Error::Io { path: self.path.clone(), source })
     }
 }
 

@@ -385,9 +385,7 @@ pub fn run(root: &Path, venv: &Path, quick: bool) -> Result<()> {
         "speculative": spec, "peak_rss_mib": rss,
     });
     let path = root.join("bench.json");
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(&report)?)?;
-    std::fs::rename(&tmp, &path)?;
+    mlx_core::files::write_atomic(&path, serde_json::to_string_pretty(&report)?.as_bytes())?;
     println!("wrote {}", path.display());
     Ok(())
 }
