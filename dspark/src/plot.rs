@@ -167,29 +167,23 @@ fn render(
     write_png(path, &pixels, width, height)
 }
 
-/// Encodes RGB pixels as a PNG at the best compression, written to a temporary file beside
-/// `path` and renamed over it, so a reader never sees half a plot.
+/// Encodes RGB pixels as a PNG at the best compression, replacing `path` atomically
+/// (`mlx_core::files::write_atomic_with`), so a reader never sees half a plot.
 fn write_png(path: &Path, rgb: &[u8], width: u32, height: u32) -> Result<()> {
-    let tmp = path.with_extension("png.tmp");
-    let encode = || -> Result<()> {
-        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    let encode = |tmp: &Path| -> std::io::Result<()> {
+        let mut file = std::io::BufWriter::new(std::fs::File::create(tmp)?);
         let mut encoder = png::Encoder::new(&mut file, width, height);
         encoder.set_color(png::ColorType::Rgb);
         encoder.set_depth(png::BitDepth::Eight);
         encoder.set_compression(png::Compression::Best);
         encoder.set_adaptive_filter(png::AdaptiveFilterType::Adaptive);
-        let mut writer = encoder.write_header()?;
-        writer.write_image_data(rgb)?;
-        writer.finish()?;
+        let mut writer = encoder.write_header().map_err(std::io::Error::other)?;
+        writer.write_image_data(rgb).map_err(std::io::Error::other)?;
+        writer.finish().map_err(std::io::Error::other)?;
         // A failed flush (a full disk) must not rename a truncated plot into place.
-        std::io::Write::flush(&mut file)?;
-        Ok(())
+        std::io::Write::flush(&mut file)
     };
-    if let Err(e) = encode().and_then(|()| Ok(std::fs::rename(&tmp, path)?)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(anyhow!("writing {}: {e}", path.display()));
-    }
-    Ok(())
+    mlx_core::files::write_atomic_with(path, ".png", encode).map_err(|e| anyhow!("writing {}: {e}", path.display()))
 }
 
 #[cfg(test)]
