@@ -1,6 +1,6 @@
 //! The dense GeGLU MLP: down(gelu_approx(gate(x)) · up(x)).
 
-use mlx_core::{gelu_approx, Array};
+use mlx_core::Array;
 
 use crate::error::Result;
 use crate::linear::Linear;
@@ -37,5 +37,5 @@ impl Mlp {
 /// element one at a time, 7 ms of an 8-row verify window on a 230M model); otherwise MLX's
 /// composed form, as mlx-lm computes it (`MLX_CORE_ROW_LINEAR=0` for the parity gate).
 pub fn gelu(x: &Array) -> Result<Array> {
-    Ok(if mlx_core::blas::row_kernels_for(x)? { mlx_core::blas::row_gelu(x)? } else { gelu_approx(x)? })
+    Ok(mlx_core::blas::gelu(x)?)
 }

@@ -177,10 +177,7 @@ impl Model {
             None => self.embed_tokens.as_linear(hidden)?,
         };
         Ok(match self.cfg.final_logit_softcapping {
-            // One vectorized pass on the CPU in f32 (decode steps and verify rows both take it,
-            // so they agree); MLX's composed form otherwise, as mlx-lm computes it.
-            Some(c) if mlx_core::blas::row_kernels_for(&logits)? => mlx_core::blas::row_softcap(&logits, c)?,
-            Some(c) => logits.div_scalar(c as f64)?.tanh()?.mul_scalar(c as f64)?,
+            Some(c) => mlx_core::blas::softcap(&logits, c)?,
             None => logits,
         })
     }

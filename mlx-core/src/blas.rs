@@ -145,6 +145,51 @@ pub fn row_kernels_for(x: &Array) -> Result<bool> {
     Ok(x.dtype() == Dtype::F32 && row_kernels_active()?)
 }
 
+// ---- where the row kernels replace MLX's ops: decided here, once per op ----
+
+/// `gelu_approx(x)`: [`row_gelu`] where [`row_kernels_for`] says so (f32 on the CPU, switch
+/// on: each element's bits its own, so decode steps and verify rows agree), otherwise MLX's
+/// composed form as mlx-lm computes it (`MLX_CORE_ROW_LINEAR=0` for the parity gate).
+pub fn gelu(x: &Array) -> Result<Array> {
+    if row_kernels_for(x)? {
+        row_gelu(x)
+    } else {
+        crate::gelu_approx(x)
+    }
+}
+
+/// The final-logit softcap `cap · tanh(x / cap)`: [`row_softcap`] where [`row_kernels_for`]
+/// says so, otherwise MLX's composed form (weak scalars in x's dtype, as mlx-lm).
+pub fn softcap(x: &Array, cap: f32) -> Result<Array> {
+    if row_kernels_for(x)? {
+        row_softcap(x, cap)
+    } else {
+        x.div_scalar(f64::from(cap))?.tanh()?.mul_scalar(f64::from(cap))
+    }
+}
+
+/// `x @ wᵀ` for f32 weights `w` `[out, in]`: products of at most [`ROW_LINEAR_MAX_ROWS`] rows
+/// (decode steps, verify windows) go to [`row_linear`] when the row kernels are active, so a
+/// row's bits do not depend on how many rows are multiplied together (an optimized BLAS does
+/// not guarantee it, stepwise verification needs it); larger products (prefill) and GPU
+/// products use MLX's matmul. A lower-precision `x` is promoted to f32, as MLX's matmul would.
+pub fn matmul_t(x: &Array, w: &Array) -> Result<Array> {
+    let shape = x.shape()?; // [.., in]
+    let inp = *shape.last().unwrap_or(&0);
+    let rows = x.size()? / (inp.max(1) as usize);
+    let few = rows <= ROW_LINEAR_MAX_ROWS && rows > 0;
+    if !(few && row_kernels_active()?) {
+        return x.matmul(&w.transpose(&[1, 0])?);
+    }
+    let flat = x.reshape(&[rows as i32, inp])?.astype(Dtype::F32)?; // [R, in]
+    let out = row_linear(&flat, w)?; // [R, out]
+    let mut out_shape = shape;
+    if let Some(last) = out_shape.last_mut() {
+        *last = -1;
+    }
+    out.reshape(&out_shape)
+}
+
 /// `gelu_approx` of f32 `x` on the CPU in one vectorized pass (tanh through a polynomial exp,
 /// within a few ulp of MLX's composed form, which evaluates tanh one element at a time). Each
 /// element's bits depend on its value alone, so rows agree in any batch. Used with

@@ -45,7 +45,7 @@ impl LinearWeights {
 
     fn matmul_t_whole(&self, x: &Array) -> Result<Array> {
         Ok(match self {
-            LinearWeights::Dense(w) if w.dtype() == Dtype::F32 => f32_matmul_t(x, w)?,
+            LinearWeights::Dense(w) if w.dtype() == Dtype::F32 => mlx_core::blas::matmul_t(x, w)?,
             LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
             LinearWeights::Quantized(q) => q.matmul_t(x)?,
         })
@@ -95,28 +95,6 @@ fn gpu_row_split(x: &Array) -> Result<Option<usize>> {
     let rows = x.size()? / (inp.max(1) as usize);
     let few = rows > 1 && rows <= mlx_core::blas::ROW_LINEAR_MAX_ROWS;
     Ok((few && mlx_core::Device::default_device()? == mlx_core::Device::Gpu).then_some(rows))
-}
-
-/// `x @ Wᵀ` in f32. On the CPU, products of few rows (decode steps, verify windows) use
-/// mlx-core's row-invariant kernel, so a row's bits do not depend on how many rows are
-/// multiplied together — which an optimized BLAS does not guarantee and stepwise verification
-/// needs (docs/numerics.md). Larger products (prefill) and GPU products use MLX's matmul.
-fn f32_matmul_t(x: &Array, w: &Array) -> Result<Array> {
-    let shape = x.shape()?; // [.., in]
-    let inp = *shape.last().unwrap_or(&0);
-    let rows = x.size()? / (inp.max(1) as usize);
-    let few = rows <= mlx_core::blas::ROW_LINEAR_MAX_ROWS && rows > 0;
-    if !(few && mlx_core::blas::row_kernels_active()?) {
-        return Ok(x.matmul(&w.transpose(&[1, 0])?)?);
-    }
-    // A lower-precision input promotes to f32, as MLX's matmul would promote it.
-    let flat = x.reshape(&[rows as i32, inp])?.astype(Dtype::F32)?; // [R, in]
-    let out = mlx_core::blas::row_linear(&flat, w)?; // [R, out]
-    let mut out_shape = shape;
-    if let Some(last) = out_shape.last_mut() {
-        *last = -1;
-    }
-    Ok(out.reshape(&out_shape)?)
 }
 
 /// Hands out tensors by name and remembers which were taken.
