@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use crate::dspark::Calibration;
+use crate::drafters::dspark::Calibration;
 use crate::error::{Error, Result};
 
 /// Where a drafter format without a descriptor of its own (DeepSpec: its `config.json` is
@@ -34,11 +34,11 @@ pub fn read_sidecar(dir: &Path, gamma: usize) -> Result<Option<Calibration>> {
 /// Checks a calibration block against a block of `gamma` drafts: its version, γ thresholds and,
 /// per fitted mode, γ positive temperatures. The message names the offending key.
 pub fn check(c: &Calibration, gamma: usize) -> std::result::Result<(), String> {
-    if !(1..=crate::dspark::CALIBRATION_VERSION).contains(&c.version) {
+    if !(1..=crate::drafters::dspark::CALIBRATION_VERSION).contains(&c.version) {
         return Err(format!(
             "sts.version {} is not supported (this build reads 1 to {})",
             c.version,
-            crate::dspark::CALIBRATION_VERSION
+            crate::drafters::dspark::CALIBRATION_VERSION
         ));
     }
     if c.thresholds.len() != gamma {

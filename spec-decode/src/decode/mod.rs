@@ -25,13 +25,13 @@ use mlx_core::random::KeyChain;
 use mlx_core::{concatenate, Array};
 
 use crate::calibration::ConfSample;
-use crate::draft_cap::DraftCap;
 use crate::drafter::{DraftRequest, DraftSampling, Drafter};
 use crate::error::{Error, Result};
-use crate::request_rate::RequestRate;
-use crate::rule::VerifyRule;
+use crate::schedule::draft_cap::DraftCap;
+use crate::schedule::request_rate::RequestRate;
 use crate::schedule::{Cut, Pruning};
 use crate::stats::SpecStats;
+use crate::verify::rule::VerifyRule;
 use crate::verify::{greedy_verdict, sampled_verdict};
 
 pub use gemma4::generate::FinishReason;

@@ -1,0 +1,11 @@
+//! Calibration of a drafter's confidence head: the pruning thresholds (`fit_thresholds`),
+//! sequential temperature scaling (`sts`) with per-position isotonic survival maps
+//! (`survival_map`), the reliability measures the reports use (`reliability`), and where a
+//! checkpoint without a descriptor of its own keeps the result (the sidecar).
+
+pub mod reliability;
+pub mod sts;
+pub mod survival_map;
+mod thresholds;
+
+pub use thresholds::{check, fit_thresholds, read_sidecar, write_sidecar, ConfSample, SIDECAR_FILE};
