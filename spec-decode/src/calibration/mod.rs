@@ -4,8 +4,10 @@
 //! checkpoint without a descriptor of its own keeps the result (the sidecar).
 
 pub mod reliability;
+mod sidecar;
 pub mod sts;
 pub mod survival_map;
 mod thresholds;
 
-pub use thresholds::{check, fit_thresholds, read_sidecar, write_sidecar, ConfSample, SIDECAR_FILE};
+pub use sidecar::{check, read_sidecar, write_sidecar, SIDECAR_FILE};
+pub use thresholds::{fit_thresholds, ConfSample};
