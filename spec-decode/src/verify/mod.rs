@@ -9,4 +9,4 @@ pub(crate) mod rule;
 mod verdict;
 
 pub use verdict::{accept_flags, residual_weights};
-pub(crate) use verdict::{greedy_verdict, sampled_verdict};
+pub(crate) use verdict::{greedy_verdict, sampled_verdict, Judged};
