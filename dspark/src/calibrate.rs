@@ -1,29 +1,30 @@
 //! `dspark calibrate`: makes a drafter's confidence mean probability (DSpark, or DeepSpec with
-//! its confidence head). Speculative runs on
-//! held-out prompts (greedy and sampled: acceptance differs) give, per verify round, the
-//! confidence logits of the drafts and how many were accepted. From them:
+//! its confidence head). Speculative runs on held-out prompts (greedy and sampled: acceptance
+//! differs) give, per verify round, the confidence logits of the drafts and how many were
+//! accepted. From them:
 //! - sequential temperature scaling (STS) and isotonic survival maps per mode, fitted on half
 //!   of the prompts and reported on the other half (ECE, AUROC and Brier score of the survival
 //!   per block position: raw, scaled, and after the maps), for the throughput schedule;
 //! - per-position precision thresholds (greedy rounds), for `--calibrated` pruning;
 //! - a reliability diagram (PNG).
 //!
-//! The result is stored in the checkpoint: `config.sts` (version 2) of a DSpark `dspark.json`,
-//! or the `dspark-calibration.json` sidecar of a DeepSpec checkpoint.
+//! The run itself is `spec_decode::calibration::calibrate`; this module checks the flags, loads
+//! the target and the drafter, chooses the prompts, prints the tables, draws the diagram and
+//! writes the files. The result is stored in the checkpoint: `config.sts` (version 3) of a
+//! DSpark `dspark.json`, or the `dspark-calibration.json` sidecar of a DeepSpec checkpoint.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use gemma4::generate::GenerateConfig;
-use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::Model;
-use spec_decode::calibration::fit_thresholds;
-use spec_decode::dspark::{Calibration, StsFit, CALIBRATION_VERSION};
+use spec_decode::calibration::reliability::reliability_bins;
+use spec_decode::calibration::rounds_file::rounds_text;
+use spec_decode::calibration::sts::{RoundSample, Sts};
+use spec_decode::calibration::{
+    calibrate, check_drafter, CalibrationError, CalibrationSettings, ModeFit, Progress, RoundSource,
+};
 use spec_decode::loader::{is_calibrated, load_drafter, write_calibration};
-use spec_decode::reliability::{auroc, brier, ece, reliability_bins};
-use spec_decode::sts::{rounds_from_samples, RoundSample, Sts, ECE_BINS};
-use spec_decode::{speculative_generate, Pruning, SpecConfig};
 
 use crate::plot::ReliabilityPanel;
 
@@ -92,25 +93,26 @@ pub struct Args {
     force: bool,
 }
 
+/// The run's settings as the flags give them (the stop tokens come with the target).
+fn settings(a: &Args) -> CalibrationSettings {
+    CalibrationSettings {
+        temperatures: a.temperatures.clone(),
+        tokens: a.tokens,
+        stop_tokens: Vec::new(),
+        target: a.target,
+        min_samples: a.min_samples,
+        min_map_rounds: a.min_map_rounds,
+        keep_rounds: a.rounds_out.is_some(),
+    }
+}
+
 /// Checks the flags on their own, before anything is loaded or written.
 fn check_flags(a: &Args) -> Result<()> {
-    if !(a.target.is_finite() && a.target > 0.0 && a.target <= 1.0) {
-        bail!("--target {}: expected a precision in (0, 1]", a.target);
-    }
-    if a.tokens == 0 {
-        bail!("--tokens 0: expected at least 1 token per prompt");
-    }
+    // The settings are named as their flags.
+    settings(a).check().map_err(|e| anyhow::anyhow!("--{e}"))?;
     // Prompts alternate between the fitting half and the held-out half: one is not enough.
     if !(2..=MAX_PROMPTS).contains(&a.prompts) {
         bail!("--prompts {}: expected 2 to {MAX_PROMPTS} prompts (half fit, half held out)", a.prompts);
-    }
-    if let Some(t) = a.temperatures.iter().find(|t| !(t.is_finite() && **t >= 0.0)) {
-        bail!("--temperatures: {t} is not a temperature (expected 0 for greedy, or positive)");
-    }
-    let (greedy, sampled) =
-        (a.temperatures.iter().filter(|t| **t == 0.0).count(), a.temperatures.iter().filter(|t| **t > 0.0).count());
-    if greedy > 1 || sampled > 1 || greedy + sampled == 0 {
-        bail!("--temperatures {:?}: expected 0 (greedy), one positive temperature (sampled), or both", a.temperatures);
     }
     // Every output is checked before hours of speculative runs, not only after them.
     if let Some(out) = &a.out {
@@ -169,34 +171,17 @@ pub fn synthetic_prompts(vocab: usize, count: usize, len: u32) -> Result<Vec<Vec
     Ok((0..count).map(|i| (0..len).map(|j| id(i, j)).collect()).collect())
 }
 
-/// Reliability of the survival at each block position.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PositionReport {
-    pub rounds: usize,
-    pub ece: f64,
-    pub auroc: Option<f64>,
-    pub brier: f64,
-}
-
-/// Per-position reliability of `sts` on `rounds` (positions 0..gamma).
-pub fn report(sts: &Sts, rounds: &[RoundSample], gamma: usize) -> Vec<PositionReport> {
-    (0..gamma)
-        .map(|k| {
-            let (p, y) = sts.position_outcomes(rounds, k);
-            PositionReport { rounds: p.len(), ece: ece(&p, &y, ECE_BINS), auroc: auroc(&p, &y), brier: brier(&p, &y) }
-        })
-        .collect()
-}
-
-/// A mode's calibration: the fit and its held-out reports.
-struct ModeFit {
-    label: String,
-    fit: StsFit,
-    before: Vec<PositionReport>,
-    scaled: Vec<PositionReport>,
-    after: Vec<PositionReport>,
-    held_out: Vec<RoundSample>,
-    sts: Sts,
+/// Positions left without a survival map, and what would give them one.
+fn warn_unmapped(m: &ModeFit, a: &Args) {
+    if !m.unmapped.is_empty() {
+        eprintln!(
+            "calibrate ({}): positions {:?} have fewer than {} fitted rounds (--min-map-rounds, --min-samples), so \
+             they get no survival map; calibrate on more prompts for one",
+            m.label,
+            m.unmapped.iter().map(|k| k + 1).collect::<Vec<_>>(),
+            a.min_map_rounds.max(a.min_samples)
+        );
+    }
 }
 
 fn print_table(m: &ModeFit) {
@@ -236,39 +221,6 @@ fn panel(title: String, sts: &Sts, rounds: &[RoundSample], gamma: usize) -> Reli
     ReliabilityPanel { title, positions }
 }
 
-/// One verify round as a `--rounds-out` line: the sampling temperature and prompt it came from.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct RoundLine {
-    temperature: f64,
-    prompt: usize,
-    logits: Vec<f32>,
-    accepted: usize,
-}
-
-/// Every round a `--rounds-out` file holds; an error names the line that is not a round of at
-/// most `gamma` drafts.
-fn read_rounds(path: &Path, gamma: usize) -> Result<Vec<RoundLine>> {
-    let text = mlx_core::files::read_text(path, mlx_core::files::LARGE_TEXT_LIMIT)
-        .with_context(|| format!("reading --rounds-in {}", path.display()))?;
-    let mut rounds = Vec::new();
-    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let at = || format!("--rounds-in {} line {}", path.display(), n + 1);
-        let l: RoundLine = serde_json::from_str(line)
-            .with_context(|| format!("{}: expected {{\"temperature\", \"prompt\", \"logits\", \"accepted\"}}", at()))?;
-        if l.logits.is_empty() || l.logits.len() > gamma || l.accepted > l.logits.len() {
-            bail!(
-                "{}: a round of {} drafts with {} accepted; expected 1 to gamma = {gamma} drafts and at most that many \
-                 accepted",
-                at(),
-                l.logits.len(),
-                l.accepted
-            );
-        }
-        rounds.push(l);
-    }
-    Ok(rounds)
-}
-
 fn load_prompts(
     a: &Args,
     model: &Model,
@@ -297,11 +249,8 @@ fn load_prompts(
         _ => synthetic_prompts(model.config().vocab_size, a.prompts, SYNTHETIC_PROMPT_LEN)?,
     };
     if prompts.len() < 2 {
-        bail!(
-            "{} prompt(s): calibration needs at least 2 (half fit, half held out); the prompt file has too few \
-             non-blank lines",
-            prompts.len()
-        );
+        let e = CalibrationError::TooFewPrompts { prompts: prompts.len() };
+        bail!("{e}; the prompt file has too few non-blank lines");
     }
     Ok((prompts, tok))
 }
@@ -352,130 +301,34 @@ pub fn run(a: Args) -> Result<()> {
         if a.drafter == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(&a.drafter) };
     let mut drafter =
         load_drafter(&src, model.config()).with_context(|| format!("loading the drafter in {}", src.display()))?;
-    if !drafter.has_confidence() {
-        bail!("{}: {} has no confidence head, so there is nothing to calibrate", src.display(), drafter.name());
-    }
+    check_drafter(drafter.as_ref()).map_err(|e| anyhow::anyhow!("{}: {e}", src.display()))?;
     if is_calibrated(&src)? && !a.force && a.out.is_none() {
         bail!("{} is already calibrated — pass --force to recalibrate", src.display());
     }
     let gamma = drafter.gamma();
-    let mut modes: Vec<ModeFit> = Vec::new();
-    // Per-position samples for the pruning thresholds: greedy rounds when calibrating greedy.
-    let mut threshold_samples = Vec::new();
-    let mut dump = String::new();
-    let stored = match &a.rounds_in {
-        Some(path) => read_rounds(path, gamma)?,
-        None => Vec::new(),
+    let settings = CalibrationSettings { stop_tokens: stop_tokens(model.config(), tok.as_ref()), ..settings(&a) };
+    let source = match &a.rounds_in {
+        Some(path) => RoundSource::File(path),
+        None => RoundSource::Decode(&prompts),
     };
-    for &temperature in &a.temperatures {
-        let label = if temperature == 0.0 { "greedy".to_string() } else { format!("sampled, T = {temperature}") };
-        let rounds = match &a.rounds_in {
-            Some(path) => {
-                let rounds: Vec<(usize, RoundSample)> = stored
-                    .iter()
-                    .filter(|l| l.temperature == temperature)
-                    .map(|l| (l.prompt, RoundSample { logits: l.logits.clone(), accepted: l.accepted }))
-                    .collect();
-                if rounds.is_empty() {
-                    bail!(
-                        "--rounds-in {}: no rounds at sampling temperature {temperature} (see --temperatures)",
-                        path.display()
-                    );
-                }
-                if temperature == 0.0 || !a.temperatures.contains(&0.0) {
-                    threshold_samples.extend(rounds.iter().flat_map(|(_, r)| r.conf_samples()));
-                }
-                rounds
-            }
-            None => {
-                let cfg = SpecConfig {
-                    generate: GenerateConfig {
-                        max_tokens: a.tokens,
-                        stop_tokens: stop_tokens(model.config(), tok.as_ref()),
-                        sampler: SamplerConfig { temperature, ..Default::default() },
-                        ..Default::default()
-                    },
-                    gamma: Some(gamma),
-                    // Active with no threshold: confidences are read, nothing is pruned.
-                    pruning: Pruning::Thresholds(vec![]),
-                };
-                let mut rounds = Vec::new();
-                for (i, p) in prompts.iter().enumerate() {
-                    let cfg = SpecConfig {
-                        generate: GenerateConfig { seed: i as u64, ..cfg.generate.clone() },
-                        ..cfg.clone()
-                    };
-                    let out = speculative_generate(&model, drafter.as_mut(), p, &cfg, |_| {})
-                        .with_context(|| format!("calibration run {label}, prompt {}", i + 1))?;
-                    rounds.extend(rounds_from_samples(&out.conf_samples).into_iter().map(|r| (i, r)));
-                    if temperature == 0.0 || !a.temperatures.contains(&0.0) {
-                        threshold_samples.extend(out.conf_samples);
-                    }
-                    eprintln!("calibrate ({label}): prompt {}/{}, {} rounds", i + 1, prompts.len(), rounds.len());
-                }
-                rounds
-            }
-        };
-        if a.rounds_out.is_some() {
-            for (prompt, r) in &rounds {
-                let line = RoundLine { temperature, prompt: *prompt, logits: r.logits.clone(), accepted: r.accepted };
-                dump.push_str(&serde_json::to_string(&line)?);
-                dump.push('\n');
-            }
+    let run = calibrate(&model, drafter.as_mut(), source, &settings, |p| match p {
+        Progress::Decoded { mode, prompt, prompts, rounds } => {
+            eprintln!("calibrate ({mode}): prompt {prompt}/{prompts}, {rounds} rounds")
         }
-        // Prompts alternate between the fitting half and the held-out half.
-        let (fit_rounds, held_out): (Vec<_>, Vec<_>) = rounds.into_iter().partition(|(i, _)| i % 2 == 0);
-        let fit_rounds: Vec<RoundSample> = fit_rounds.into_iter().map(|(_, r)| r).collect();
-        let held_out: Vec<RoundSample> = held_out.into_iter().map(|(_, r)| r).collect();
-        if held_out.is_empty() {
-            bail!("{label}: no held-out rounds; calibration needs at least 2 prompts");
+        Progress::Fitted(m) => {
+            warn_unmapped(m, &a);
+            print_table(m);
         }
-        let sts = Sts::fit(&fit_rounds, gamma, a.min_samples, a.min_map_rounds);
-        let unmapped: Vec<usize> = (0..gamma).filter(|&k| sts.maps.get(k).is_none_or(|m| m.knots.is_empty())).collect();
-        if !unmapped.is_empty() {
-            eprintln!(
-                "calibrate ({label}): positions {:?} have fewer than {} fitted rounds (--min-map-rounds, \
-                 --min-samples), so they get no survival map; calibrate on more prompts for one",
-                unmapped.iter().map(|k| k + 1).collect::<Vec<_>>(),
-                a.min_map_rounds.max(a.min_samples)
-            );
-        }
-        let before = report(&Sts::identity(gamma), &held_out, gamma);
-        let scaled = report(&sts.scaling_only(), &held_out, gamma);
-        let after = report(&sts, &held_out, gamma);
-        let fit = StsFit {
-            temperatures: sts.temperatures.clone(),
-            shifts: sts.shifts.clone(),
-            sampling_temperature: temperature as f32,
-            rounds: fit_rounds.len(),
-            survival_maps: sts.maps.iter().map(|m| m.knots.clone()).collect(),
-            ece_before: before.iter().map(|r| r.ece as f32).collect(),
-            ece_scaled: scaled.iter().map(|r| r.ece as f32).collect(),
-            ece_after: after.iter().map(|r| r.ece as f32).collect(),
-        };
-        let m = ModeFit { label, fit, before, scaled, after, held_out, sts };
-        print_table(&m);
-        modes.push(m);
-    }
-    let thresholds = fit_thresholds(&threshold_samples, gamma, a.target, a.min_samples);
-    let mode =
-        |greedy: bool| modes.iter().find(|m| (m.fit.sampling_temperature == 0.0) == greedy).map(|m| m.fit.clone());
-    let cal = Calibration {
-        version: CALIBRATION_VERSION,
-        thresholds: thresholds.clone(),
-        target: a.target,
-        samples: threshold_samples.len(),
-        greedy: mode(true),
-        sampled: mode(false),
-    };
+        _ => {}
+    })?;
     // The files next to the result are written first and the drafter last, so a failure on
     // any of them leaves the drafter as it was and the run can simply be repeated.
     if let Some(path) = &a.rounds_out {
-        crate::paths::write_atomically(path, dump.as_bytes())?;
+        crate::paths::write_atomically(path, rounds_text(&run.rounds)?.as_bytes())?;
         println!("rounds written to {}", path.display());
     }
     let mut panels = Vec::new();
-    for m in &modes {
+    for m in &run.modes {
         panels.push(panel(format!("{}: raw confidence", m.label), &Sts::identity(gamma), &m.held_out, gamma));
         panels.push(panel(format!("{}: after STS and the isotonic maps", m.label), &m.sts, &m.held_out, gamma));
     }
@@ -492,8 +345,9 @@ pub fn run(a: Args) -> Result<()> {
         }
         None => src.clone(),
     };
-    write_calibration(&dest, &cal)?;
-    println!("\npruning thresholds by block position (precision {}): {thresholds:?}", a.target);
+    let cal = &run.calibration;
+    write_calibration(&dest, cal)?;
+    println!("\npruning thresholds by block position (precision {}): {:?}", a.target, cal.thresholds);
     println!("calibration written to {}", dest.display());
     if a.plot.is_none() {
         // The default diagram lives in the calibrated drafter's directory.

@@ -51,8 +51,8 @@ impl DraftSampling<'_> {
     /// [`Self::draw`] with the uniform `u` // `[1]` f32 (one of [`Self::uniforms`]).
     pub fn draw_with(&self, logits: &Array, u: &Array) -> Result<Option<(Array, Array)>> {
         let DraftSampling::Sample { cfg, .. } = self else { return Ok(None) };
-        let q = crate::probs::probabilities(logits, cfg)?; // [1, V]
-        Ok(Some((crate::probs::sample_rows(&q, u)?, q)))
+        let q = crate::verify::probs::probabilities(logits, cfg)?; // [1, V]
+        Ok(Some((crate::verify::probs::sample_rows(&q, u)?, q)))
     }
 
     /// The draw of block position `k` with its uniform from `block` (what [`Self::uniforms`]
@@ -137,7 +137,7 @@ pub trait Drafter {
     }
     /// The checkpoint's STS fit for greedy or sampled decoding, if it was calibrated for that
     /// mode (what [`crate::Pruning::Throughput`] turns confidences into survivals with).
-    fn sts(&self, greedy: bool) -> Option<crate::sts::Sts> {
+    fn sts(&self, greedy: bool) -> Option<crate::calibration::sts::Sts> {
         let _ = greedy;
         None
     }

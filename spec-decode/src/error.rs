@@ -11,7 +11,7 @@ pub enum Error {
     #[error(transparent)]
     Mlx(#[from] mlx_core::Error),
     #[error(transparent)]
-    Accept(#[from] crate::accept::AcceptError),
+    Accept(#[from] crate::verify::accept::AcceptError),
     /// A drafter's `config.json` is malformed (the error names the file and the key).
     #[error(transparent)]
     Config(#[from] gemma4::config::ConfigError),

@@ -20,37 +20,29 @@
 //! ```
 #![forbid(unsafe_code)]
 
-pub mod accept;
 pub mod calibration;
-pub mod context_cache;
 pub mod decode;
-pub mod deepspec;
-pub mod draft_cap;
 pub mod drafter;
-pub mod dspark;
+pub mod drafters;
 mod error;
-pub mod loader;
-pub mod oracle;
-pub mod probs;
-pub mod profile;
-pub mod reliability;
-pub mod request_rate;
-mod rule;
 pub mod schedule;
 pub mod stats;
-pub mod sts;
-pub mod survival_map;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod throughput;
 pub mod verify;
+
+// The flat module paths from before the folders, kept for callers.
+pub use calibration::{reliability, sts, survival_map};
+pub use drafters::{context_cache, deepspec, dspark, loader, oracle};
+pub use schedule::{draft_cap, profile, request_rate, throughput};
+pub use verify::{accept, probs};
 
 pub use decode::{
     decode_from, prefill, prefill_from, speculative_generate, FinishReason, Prefilled, PrefixState, SpecConfig,
     SpecOutput, SpecRounds,
 };
 pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
+pub use drafters::loader::{detect, load_drafter, load_drafter_as, DrafterKind};
 pub use error::{Error, Result};
-pub use loader::{detect, load_drafter, load_drafter_as, DrafterKind};
 pub use schedule::{Pruning, ThroughputPlan};
 pub use stats::SpecStats;

@@ -7,8 +7,8 @@ use crate::decode::{decode_with_rule, Prefilled, SpecConfig, SpecOutput};
 use crate::drafter::Drafter;
 use crate::error::Result;
 
-pub use crate::deepspec::synthetic::{write_synthetic_deepspec, SyntheticDeepSpec};
-pub use crate::rule::VerifyRule;
+pub use crate::drafters::deepspec::synthetic::{write_synthetic_deepspec, SyntheticDeepSpec};
+pub use crate::verify::rule::VerifyRule;
 
 /// [`crate::decode_from`] under a chosen verify rule, so a statistical gate can show that it
 /// rejects a broken verifier.

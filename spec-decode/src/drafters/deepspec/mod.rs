@@ -31,7 +31,7 @@ use gemma4::weights::WeightMap;
 use gemma4::{TapPoint, TapSet, TextConfig};
 use mlx_core::{concatenate, Array, Dtype};
 
-pub use crate::context_cache::LayerKv;
+pub use crate::drafters::context_cache::LayerKv;
 pub use config::{DeepSpecConfig, RopeKind, ARCHITECTURE};
 pub use context::ContextKv;
 
@@ -53,7 +53,7 @@ pub struct DeepSpecDrafter {
     model: DeepSpecModel,
     ctx: Option<ContextKv>,
     /// `dspark calibrate`'s output for this checkpoint (its sidecar file), if any.
-    calibration: Option<crate::dspark::Calibration>,
+    calibration: Option<crate::drafters::dspark::Calibration>,
 }
 
 impl DeepSpecDrafter {
@@ -246,8 +246,8 @@ impl Drafter for DeepSpecDrafter {
         (t > 0.0 && self.model.confidence.is_some()).then(|| (0..g).map(|k| if k == 0 { 0.0 } else { t }).collect())
     }
 
-    fn sts(&self, greedy: bool) -> Option<crate::sts::Sts> {
-        self.calibration.as_ref().and_then(|c| c.sts_for(greedy)).map(crate::dspark::StsFit::sts)
+    fn sts(&self, greedy: bool) -> Option<crate::calibration::sts::Sts> {
+        self.calibration.as_ref().and_then(|c| c.sts_for(greedy)).map(crate::drafters::dspark::StsFit::sts)
     }
 
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {

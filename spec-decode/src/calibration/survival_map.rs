@@ -133,8 +133,8 @@ mod tests {
             let got = m.apply(probe);
             assert!((got - (0.5 + 0.5 * probe * probe)).abs() < 0.06, "{probe}: {got}");
         }
-        let before = crate::reliability::ece(&x, &y, 20);
-        let after = crate::reliability::ece(&out, &y, 20);
+        let before = crate::calibration::reliability::ece(&x, &y, 20);
+        let after = crate::calibration::reliability::ece(&out, &y, 20);
         assert!(after < 0.02 && before > 0.15, "ECE {before} → {after}");
     }
 

@@ -1,5 +1,5 @@
 //! The tokens per decode step a request has achieved so far, which the throughput schedule's
-//! rate rule ([`crate::throughput::rate_window`]) prices each draft against.
+//! rate rule ([`crate::schedule::throughput::rate_window`]) prices each draft against.
 //!
 //! Exactness: the rate depends only on earlier rounds, so within a round it is a constant fixed
 //! before any draft is seen and the window stays a stopping time of the current block.

@@ -27,8 +27,8 @@ use super::config::{
     check_target, param_kind, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, ParamKind, FORMAT_VERSION,
     KIND,
 };
-use crate::context_cache::{ContextCache, LayerKv};
 use crate::drafter::{DraftRequest, Drafter, Proposal};
+use crate::drafters::context_cache::{ContextCache, LayerKv};
 use crate::error::{Error, Result};
 
 /// The matmul weights of one backbone layer. Dense matrices are stored `[in, out]` and used as
@@ -500,7 +500,7 @@ impl Drafter for DSparkDrafter {
         self.cfg.sts.as_ref().map(|s| s.thresholds.clone())
     }
 
-    fn sts(&self, greedy: bool) -> Option<crate::sts::Sts> {
+    fn sts(&self, greedy: bool) -> Option<crate::calibration::sts::Sts> {
         self.cfg.sts.as_ref().and_then(|s| s.sts_for(greedy)).map(super::config::StsFit::sts)
     }
 

@@ -2,7 +2,7 @@
 //! pruning" and "Throughput schedule"). Either the block is cut at the first position k ≥ 1
 //! whose confidence is below that position's threshold (position 0 is always kept), or the
 //! hardware-aware schedule admits positions while the expected throughput improves
-//! ([`crate::throughput`]), which may verify no draft at all. Both only truncate, never
+//! ([`crate::schedule::throughput`]), which may verify no draft at all. Both only truncate, never
 //! re-draw, and both decide on position k from confidences that depend on drafts before k
 //! only, so the window is a stopping time and speculative sampling stays exact.
 
@@ -31,14 +31,14 @@ pub enum Pruning {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ThroughputPlan {
     /// Per-position scaling of the confidence logit (from calibration).
-    pub sts: crate::sts::Sts,
+    pub sts: crate::calibration::sts::Sts,
     /// Cost of a round verifying n = 1, 2, … tokens, in decode steps: v(n) = T_verify(n) /
     /// T_decode(1), plus the proposal's cost when profiled (see `profile::VerifyProfile`).
     pub cost: Vec<f32>,
-    /// Propose only a little more than recent windows used ([`crate::draft_cap`]); on by
+    /// Propose only a little more than recent windows used ([`crate::schedule::draft_cap`]); on by
     /// default, off to measure what it saves.
     pub draft_cap: bool,
-    /// Price drafts at the request's achieved rate ([`crate::throughput::rate_window`]) once it
+    /// Price drafts at the request's achieved rate ([`crate::schedule::throughput::rate_window`]) once it
     /// is known; off: every round maximises its own ratio (the paper's Algorithm 1 as stated).
     pub rate_rule: bool,
     /// The rate to use before the request has one of its own (the gate sets it so its
@@ -49,7 +49,7 @@ pub struct ThroughputPlan {
 }
 
 impl ThroughputPlan {
-    pub fn new(sts: crate::sts::Sts, cost: Vec<f32>) -> ThroughputPlan {
+    pub fn new(sts: crate::calibration::sts::Sts, cost: Vec<f32>) -> ThroughputPlan {
         ThroughputPlan { sts, cost, draft_cap: true, rate_rule: true, rate_seed: None, look_ahead: false }
     }
 
@@ -86,11 +86,11 @@ impl ThroughputPlan {
     pub fn window(&self, conf: &[f32], rate: Option<f64>) -> usize {
         let survival = self.sts.survivals_of_confidences(conf);
         if self.look_ahead {
-            return crate::throughput::look_ahead_window(&survival, &self.cost);
+            return crate::schedule::throughput::look_ahead_window(&survival, &self.cost);
         }
         match rate.or(self.rate_seed) {
-            Some(r) if self.rate_rule => crate::throughput::rate_window(&survival, &self.cost, r),
-            _ => crate::throughput::throughput_window(&survival, &self.cost),
+            Some(r) if self.rate_rule => crate::schedule::throughput::rate_window(&survival, &self.cost, r),
+            _ => crate::schedule::throughput::throughput_window(&survival, &self.cost),
         }
     }
 }
@@ -224,14 +224,17 @@ mod tests {
 
     #[test]
     fn throughput_plans_are_checked_and_may_verify_nothing() {
-        let plan = |cost: Vec<f32>| Pruning::Throughput(ThroughputPlan::new(crate::sts::Sts::identity(3), cost));
+        let plan =
+            |cost: Vec<f32>| Pruning::Throughput(ThroughputPlan::new(crate::calibration::sts::Sts::identity(3), cost));
         assert!(plan(vec![1.0]).resolve(None, 3).unwrap_err().to_string().contains("v(2)"));
         assert!(plan(vec![1.0, f32::NAN]).resolve(None, 3).is_err());
-        let bad_t =
-            Pruning::Throughput(ThroughputPlan::new(crate::sts::Sts::with_temperatures(vec![0.0]), vec![1.0, 1.1]));
+        let bad_t = Pruning::Throughput(ThroughputPlan::new(
+            crate::calibration::sts::Sts::with_temperatures(vec![0.0]),
+            vec![1.0, 1.1],
+        ));
         assert!(bad_t.resolve(None, 3).unwrap_err().to_string().contains("temperature"));
         let bad_seed = Pruning::Throughput(
-            ThroughputPlan::new(crate::sts::Sts::identity(3), vec![1.0, 1.1]).with_rate_seed(f64::NAN),
+            ThroughputPlan::new(crate::calibration::sts::Sts::identity(3), vec![1.0, 1.1]).with_rate_seed(f64::NAN),
         );
         assert!(bad_seed.resolve(None, 3).unwrap_err().to_string().contains("rate seed"));
         let Some(cut) = plan(vec![1.0, 1.5, 1.6]).resolve(None, 3).unwrap() else { panic!("no cut") };

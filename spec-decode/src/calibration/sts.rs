@@ -24,9 +24,9 @@
 //! non-decreasing in each logit, so the survival of position k still depends on the drafts up
 //! to k only and never reverses the order of two confidences.
 
+use crate::calibration::reliability::log_loss;
+use crate::calibration::survival_map::SurvivalMap;
 use crate::calibration::ConfSample;
-use crate::reliability::log_loss;
-use crate::survival_map::SurvivalMap;
 
 /// Bins of the expected calibration error calibration reports.
 pub const ECE_BINS: usize = 20;
@@ -229,7 +229,7 @@ pub fn rounds_from_samples(samples: &[ConfSample]) -> Vec<RoundSample> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reliability::ece;
+    use crate::calibration::reliability::ece;
 
     /// A seeded stream of uniform draws in [0, 1) (a 64-bit LCG's top 53 bits).
     fn uniform_stream(seed: u64) -> impl FnMut() -> f64 {

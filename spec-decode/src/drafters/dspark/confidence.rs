@@ -26,7 +26,7 @@ pub fn law_features(logits: &Array) -> Result<Array> {
     // One softmax through the sampling kernels on the CPU: composed, its exp runs one element
     // at a time, and a block's γ·V of them cost the default pair ~0.08 decode steps a round.
     let t1 = SamplerConfig { temperature: 1.0, ..SamplerConfig::default() };
-    let p = crate::probs::probabilities(logits, &t1)?;
+    let p = crate::verify::probs::probabilities(logits, &t1)?;
     // log p_max = max l − log Z (p_max ≥ 1/V, so finite).
     let log_top = p.max(&[-1], true)?.log()?;
     // H = log Z − Σ p·l, with log Z = max l − log p_max.

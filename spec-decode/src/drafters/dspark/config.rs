@@ -58,11 +58,15 @@ pub struct Calibration {
 
 impl StsFit {
     /// The fitted scaling.
-    pub fn sts(&self) -> crate::sts::Sts {
-        crate::sts::Sts {
+    pub fn sts(&self) -> crate::calibration::sts::Sts {
+        crate::calibration::sts::Sts {
             temperatures: self.temperatures.clone(),
             shifts: self.shifts.clone(),
-            maps: self.survival_maps.iter().map(|k| crate::survival_map::SurvivalMap { knots: k.clone() }).collect(),
+            maps: self
+                .survival_maps
+                .iter()
+                .map(|k| crate::calibration::survival_map::SurvivalMap { knots: k.clone() })
+                .collect(),
         }
     }
 }

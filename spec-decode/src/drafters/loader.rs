@@ -10,9 +10,9 @@ use std::path::Path;
 use gemma4::TextConfig;
 use serde_json::Value;
 
-use crate::deepspec::{DeepSpecDrafter, ARCHITECTURE};
 use crate::drafter::Drafter;
-use crate::dspark::DSparkDrafter;
+use crate::drafters::deepspec::{DeepSpecDrafter, ARCHITECTURE};
+use crate::drafters::dspark::DSparkDrafter;
 use crate::error::{Error, Result};
 
 /// The checkpoint kinds this crate loads.
@@ -69,13 +69,13 @@ pub struct TargetShape {
 pub fn target_shape(dir: &Path) -> Result<TargetShape> {
     Ok(match detect(dir)? {
         DrafterKind::DSpark => {
-            let d = crate::dspark::config::read_descriptor(dir)?;
+            let d = crate::drafters::dspark::config::read_descriptor(dir)?;
             // A tap equal to the layer count is the post-norm hidden, so the deepest tap bounds it.
             let layers = d.config.tap_layers.iter().copied().max().unwrap_or(1).max(1);
             TargetShape { hidden_size: d.dims.hidden_size, vocab_size: d.dims.vocab_size, num_hidden_layers: layers }
         }
         DrafterKind::DeepSpec => {
-            let c = crate::deepspec::DeepSpecConfig::from_dir(dir)?;
+            let c = crate::drafters::deepspec::DeepSpecConfig::from_dir(dir)?;
             TargetShape { hidden_size: c.hidden_size, vocab_size: c.vocab_size, num_hidden_layers: c.num_target_layers }
         }
     })
@@ -112,16 +112,16 @@ pub fn load_drafter_as(dir: &Path, target: &TextConfig, dequantize: bool) -> Res
 /// Whether the drafter checkpoint in `dir` already holds a calibration.
 pub fn is_calibrated(dir: &Path) -> Result<bool> {
     Ok(match detect(dir)? {
-        DrafterKind::DSpark => crate::dspark::config::read_descriptor(dir)?.config.sts.is_some(),
+        DrafterKind::DSpark => crate::drafters::dspark::config::read_descriptor(dir)?.config.sts.is_some(),
         DrafterKind::DeepSpec => dir.join(crate::calibration::SIDECAR_FILE).is_file(),
     })
 }
 
 /// Stores `calibration` in the drafter checkpoint in `dir`, replacing any earlier one:
 /// `config.sts` of `dspark.json` for DSpark, the sidecar file for DeepSpec.
-pub fn write_calibration(dir: &Path, calibration: &crate::dspark::Calibration) -> Result<()> {
+pub fn write_calibration(dir: &Path, calibration: &crate::drafters::dspark::Calibration) -> Result<()> {
     match detect(dir)? {
-        DrafterKind::DSpark => crate::dspark::write_calibration(dir, calibration, true),
+        DrafterKind::DSpark => crate::drafters::dspark::write_calibration(dir, calibration, true),
         DrafterKind::DeepSpec => crate::calibration::write_sidecar(dir, calibration),
     }
 }

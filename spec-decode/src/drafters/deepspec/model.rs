@@ -18,7 +18,7 @@ use mlx_core::{gelu_approx, Array, Dtype};
 
 use super::config::{DeepSpecConfig, RopeKind};
 use super::context::ContextKv;
-use crate::context_cache::LayerKv;
+use crate::drafters::context_cache::LayerKv;
 use crate::error::Result;
 
 struct Layer {

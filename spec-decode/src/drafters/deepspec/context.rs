@@ -12,7 +12,7 @@
 use mlx_core::Array;
 
 use super::model::DeepSpecModel;
-use crate::context_cache::{ContextCache, LayerKv};
+use crate::drafters::context_cache::{ContextCache, LayerKv};
 use crate::error::{Error, Result};
 
 /// The DeepSpec drafter's context: K (k_norm'd, roped at absolute positions) and V (weightless

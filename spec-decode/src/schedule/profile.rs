@@ -224,7 +224,7 @@ pub fn measure(
                 })
                 .transpose()?;
             let mut stats = crate::SpecStats::default();
-            let rule = crate::rule::VerifyRule::Exact;
+            let rule = crate::verify::rule::VerifyRule::Exact;
             crate::verify::sampled_verdict(&logits, proposal.as_ref(), &t1, &mut keys, rule, &mut stats)?;
             if let Some(rows) = &out.taps {
                 rows.eval()?;

@@ -19,8 +19,8 @@ use gemma4::sampling::{filter, logprobs, SamplerConfig};
 use mlx_core::row_sample::{self, RowFilter};
 use mlx_core::{where_, Array, Dtype};
 
-use crate::accept::RESIDUAL_MASS_EPSILON;
 use crate::error::Result;
+use crate::verify::accept::RESIDUAL_MASS_EPSILON;
 
 /// True when the sampler applies no top-p, min-p or top-k filter.
 pub fn filters_nothing(cfg: &SamplerConfig) -> bool {

@@ -7,12 +7,12 @@ use gemma4::sampling::{logprobs, SamplerConfig};
 use mlx_core::random::{self, KeyChain};
 use mlx_core::{concatenate, where_, Array, Dtype};
 
-use crate::accept::{first_rejection_or_bonus, NextToken, RESIDUAL_MASS_EPSILON};
 use crate::drafter::Proposal;
 use crate::error::{Error, Result};
-use crate::probs::{probabilities, sample_residual_rows, sample_rows};
-use crate::rule::VerifyRule;
 use crate::stats::SpecStats;
+use crate::verify::accept::{first_rejection_or_bonus, NextToken, RESIDUAL_MASS_EPSILON};
+use crate::verify::probs::{probabilities, sample_residual_rows, sample_rows};
+use crate::verify::rule::VerifyRule;
 
 /// A verdict plus the host copy of the drafts it judged.
 pub(crate) struct Judged {
@@ -58,7 +58,7 @@ pub fn accept_flags(u: &Array, px: &Array, qx: &Array) -> Result<Array> {
 
 /// Weights of each row's residual max(p − q, 0) (unnormalised), or p itself where that mass is
 /// (numerically) zero, i.e. where p ≤ q everywhere and a rejection cannot happen.
-/// `p`, `q` // `[d, V]` f32 probabilities -> `[d, V]` f32, for [`crate::probs::sample_rows`]
+/// `p`, `q` // `[d, V]` f32 probabilities -> `[d, V]` f32, for [`crate::verify::probs::sample_rows`]
 pub fn residual_weights(p: &Array, q: &Array) -> Result<Array> {
     let res = p.subtract(q)?.maximum_scalar(0.0)?;
     let empty = res.sum(&[-1], true)?.less_equal_scalar(RESIDUAL_MASS_EPSILON)?;
