@@ -320,6 +320,11 @@ pub fn run(a: Args) -> Result<()> {
             print_table(m);
         }
         _ => {}
+    })
+    .map_err(|e| match &a.rounds_in {
+        // Errors reading the rounds file name the file; say which flag gave it.
+        Some(path) => anyhow::Error::new(e).context(format!("--rounds-in {}", path.display())),
+        None => e.into(),
     })?;
     // The files next to the result are written first and the drafter last, so a failure on
     // any of them leaves the drafter as it was and the run can simply be repeated.

@@ -68,11 +68,9 @@ pub fn check(c: &Calibration, gamma: usize) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Writes `c` as the sidecar of `dir`, atomically (temp file, then rename).
+/// Writes `c` as the sidecar of `dir`, atomically (`mlx_core::files::write_atomic`).
 pub fn write_sidecar(dir: &Path, c: &Calibration) -> Result<()> {
     let path = dir.join(SIDECAR_FILE);
     let body = serde_json::to_string_pretty(c).map_err(|e| Error::Contract(e.to_string()))? + "\n";
-    let tmp = dir.join(format!(".{SIDECAR_FILE}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, body).map_err(|source| Error::Io { path: tmp.clone(), source })?;
-    std::fs::rename(&tmp, &path).map_err(|source| Error::Io { path, source })
+    mlx_core::files::write_atomic(&path, body.as_bytes()).map_err(|source| Error::Io { path, source })
 }

@@ -337,9 +337,7 @@ pub fn store(model_dir: &Path, key: &str, profile: &VerifyProfile) -> Result<Pat
         read_file(&path)?.unwrap_or(ProfileFile { format: FORMAT.into(), version: VERSION, profiles: BTreeMap::new() });
     f.profiles.insert(key.to_string(), profile.clone());
     let body = serde_json::to_string_pretty(&f).map_err(|e| Error::Contract(e.to_string()))? + "\n";
-    let tmp = model_dir.join(format!(".{PROFILE_FILE}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, body).map_err(|source| Error::Io { path: tmp.clone(), source })?;
-    std::fs::rename(&tmp, &path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    mlx_core::files::write_atomic(&path, body.as_bytes()).map_err(|source| Error::Io { path: path.clone(), source })?;
     Ok(path)
 }
 

@@ -486,8 +486,6 @@ pub fn write_calibration(dir: &Path, calibration: &Calibration, force: bool) -> 
     let mut v: Value =
         serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("invalid JSON: {e}")))?;
     v["config"]["sts"] = serde_json::to_value(calibration).map_err(|e| Error::Contract(e.to_string()))?;
-    let tmp = dir.join(format!(".dspark.json.tmp-{}", std::process::id()));
     let body = serde_json::to_string_pretty(&v).map_err(|e| Error::Contract(e.to_string()))? + "\n";
-    std::fs::write(&tmp, body).map_err(|source| Error::Io { path: tmp.clone(), source })?;
-    std::fs::rename(&tmp, &path).map_err(|source| Error::Io { path: path.clone(), source })
+    mlx_core::files::write_atomic(&path, body.as_bytes()).map_err(|source| Error::Io { path: path.clone(), source })
 }
