@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use spec_decode::SpecStats;
 
 use crate::params::Endpoint;
-use crate::session::Outcome;
+use engine::Outcome;
 
 /// `usage`: prompt and completion tokens, plus the speculation counters when the request was
 /// decoded speculatively.

@@ -7,10 +7,10 @@ use gemma4::generate::GenerateConfig;
 use gemma4::sampling::SamplerConfig;
 use serde_json::{Map, Value};
 
+use engine::chat::{chat_ids, text_ids, ChatError};
+use engine::{ModelInfo, Request};
+
 use crate::api_error::ApiError;
-use crate::chat::{chat_ids, text_ids, ChatError};
-use crate::engine::ModelInfo;
-use crate::session::Request;
 
 /// Which endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,11 +18,11 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use engine::{Engine, Event, Events, Job};
 use serde_json::json;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::api_error::ApiError;
-use crate::engine::{Engine, Event, Job};
 use crate::openai::{models, Envelope};
 use crate::params::{parse, Endpoint};
 
@@ -50,7 +50,7 @@ pub fn router(engine: Arc<Engine>, body_limit: usize) -> Router {
 
 async fn health(State(app): State<App>) -> Json<serde_json::Value> {
     let mut v = json!({"status": "ok", "model": app.engine.info().id});
-    v["requests"] = app.engine.counters().snapshot();
+    v["requests"] = json!(app.engine.counters().snapshot());
     Json(v)
 }
 
@@ -103,7 +103,7 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
         model: info.id.clone(),
     };
     let (tx, mut rx) = unbounded_channel();
-    let job = Job { request: parsed.request, events: tx, label: env.id.clone() };
+    let job = Job { request: parsed.request, events: Box::new(Channel(tx)), label: env.id.clone() };
     app.engine.submit(job).map_err(|e| ApiError::internal(e.to_string()))?;
 
     // The first event decides the status: a request that fails before emitting gets a 500.
@@ -144,6 +144,20 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
         }
     });
     Ok(Sse::new(events).into_response())
+}
+
+/// A request's events, sent on a tokio channel to its handler (or its response stream).
+struct Channel(UnboundedSender<Event>);
+
+impl Events for Channel {
+    fn send(&self, event: Event) {
+        // A receiver that is gone is the engine's to notice (`is_closed`).
+        let _ = self.0.send(event);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
 }
 
 /// Turns engine events into SSE frames.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::engine::Engine;
-use crate::error::{Error, Result};
+use engine::{Engine, Error, Result};
+
 use crate::router::router;
 
 /// Serves `engine` on `listener` until `shutdown` completes, then drains and stops the engine.

@@ -2,7 +2,8 @@
 //! the thread that made them) and a pool of drafters, one per concurrent session. Requests
 //! arrive through a channel and are admitted in arrival order while fewer than
 //! `max_concurrency` sessions are active; the active sessions then advance one round each in
-//! turn. Each session's output goes back through its own tokio channel; a session whose
+//! turn. Each session's output goes back through its own [`Events`] channel (the server's is
+//! an async one; this crate names none, so the CLI links no async runtime); a session whose
 //! receiver is gone (the client disconnected) is dropped before its next round.
 //!
 //! Every request's start and every round run under `catch_unwind`: a failure, even a panic,
@@ -25,7 +26,6 @@ use gemma4::chat_template::ChatTemplate;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::{ComputeDtype, Model, TextConfig};
 use spec_decode::{Drafter, Pruning};
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::{Error, Result};
 use crate::prompt_cache::PromptCache;
@@ -107,11 +107,19 @@ pub enum Event {
     Failed(String),
 }
 
+/// Where a job's events go: the sending half of a channel whose receiver is the client.
+pub trait Events: Send {
+    /// Sends one event; an event for a receiver that is gone is dropped.
+    fn send(&self, event: Event);
+    /// Whether the receiver is gone: the engine then cancels the job.
+    fn is_closed(&self) -> bool;
+}
+
 /// A request for the worker.
 pub struct Job {
     pub request: Request,
-    /// Where the events go; dropping the receiver cancels the request.
-    pub events: UnboundedSender<Event>,
+    /// Where the events go; dropping their receiver cancels the request.
+    pub events: Box<dyn Events>,
     /// Names the request in the log.
     pub label: String,
 }
@@ -129,14 +137,27 @@ pub struct Counters {
     pub failed: AtomicUsize,
 }
 
+/// The request counts at one moment (`/health`'s `requests`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RequestCounts {
+    pub queued: usize,
+    pub active: usize,
+    pub completed: usize,
+    pub cancelled: usize,
+    pub failed: usize,
+}
+
 impl Counters {
-    /// The counts as JSON.
-    pub fn snapshot(&self) -> serde_json::Value {
+    /// The counts now.
+    pub fn snapshot(&self) -> RequestCounts {
         let g = |c: &AtomicUsize| c.load(Ordering::Relaxed);
-        serde_json::json!({
-            "queued": g(&self.queued), "active": g(&self.active), "completed": g(&self.completed),
-            "cancelled": g(&self.cancelled), "failed": g(&self.failed),
-        })
+        RequestCounts {
+            queued: g(&self.queued),
+            active: g(&self.active),
+            completed: g(&self.completed),
+            cancelled: g(&self.cancelled),
+            failed: g(&self.failed),
+        }
     }
 }
 
@@ -382,7 +403,7 @@ fn worker(
                 continue;
             }
             let Some(slot) = free.pop() else {
-                let _ = job.events.send(Event::Failed("no free session slot".into()));
+                job.events.send(Event::Failed("no free session slot".into()));
                 inc(&n.failed);
                 break;
             };
@@ -402,7 +423,7 @@ fn worker(
                 Err(e) => {
                     eprintln!("dspark serve: {} | failed: {e}", job.label);
                     inc(&n.failed);
-                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    job.events.send(Event::Failed(e.to_string()));
                     free.push(slot);
                 }
             }
@@ -425,7 +446,7 @@ fn worker(
                 Ok(out) => {
                     let done = out.finished.is_some();
                     if !out.tokens.is_empty() || !out.text.is_empty() {
-                        let _ = a.job.events.send(Event::Step(out));
+                        a.job.events.send(Event::Step(out));
                     }
                     if done {
                         let a = active.remove(i);
@@ -433,7 +454,7 @@ fn worker(
                         log_done(&a.job.label, &o, a.t0.elapsed().as_secs_f64() * 1e3);
                         dec(&n.active);
                         inc(&n.completed);
-                        let _ = a.job.events.send(Event::Done(Box::new(o)));
+                        a.job.events.send(Event::Done(Box::new(o)));
                         free.push(a.slot);
                         continue;
                     }
@@ -443,7 +464,7 @@ fn worker(
                     eprintln!("dspark serve: {} | failed: {e}", a.job.label);
                     dec(&n.active);
                     inc(&n.failed);
-                    let _ = a.job.events.send(Event::Failed(e.to_string()));
+                    a.job.events.send(Event::Failed(e.to_string()));
                     free.push(a.slot);
                     continue;
                 }
