@@ -206,7 +206,7 @@ pub fn run(a: Args) -> Result<()> {
             Some(Box::new(spec_decode::oracle::SelfDrafter::new(a.gamma.unwrap_or(4))) as Box<dyn spec_decode::Drafter>)
         }
         Some(d) => {
-            let ddir = if d == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(d) };
+            let ddir = crate::paths::drafter_dir(d)?;
             eprintln!("dspark: loading drafter {}", ddir.display());
             Some(
                 spec_decode::loader::load_drafter_as(&ddir, model.config(), resolved.conversion.dequantize)

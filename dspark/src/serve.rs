@@ -71,11 +71,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--gamma needs a drafter (--drafter DIR, or the default model's own drafter)");
     }
     let dir = crate::paths::select_target(a.model.as_deref(), drafter_arg, a.device)?;
-    let drafter_dir = match drafter_arg {
-        None => None,
-        Some("default") => Some(crate::default_model::ensure_drafter(false)?),
-        Some(d) => Some(PathBuf::from(d)),
-    };
+    let drafter_dir = drafter_arg.map(crate::paths::drafter_dir).transpose()?;
     let model_id = match a.model_id {
         Some(id) => id,
         None if a.model.is_none() => "dspark-default".to_string(),

@@ -29,6 +29,7 @@ use spec_decode::{Drafter, Pruning};
 
 use crate::error::{Error, Result};
 use crate::prompt_cache::PromptCache;
+use crate::schedule::{choose, Schedule};
 use crate::session::{Outcome, Request, Session, StepOut};
 
 /// How the engine is set up.
@@ -292,21 +293,14 @@ type Plans = [Option<spec_decode::ThroughputPlan>; 2];
 
 fn plans(cfg: &EngineConfig, model: &Model, drafter: Option<&dyn Drafter>, device: mlx_core::Device) -> Result<Plans> {
     let mut plans: Plans = [None, None];
-    let Some(d) = drafter.filter(|_| cfg.throughput_schedule) else { return Ok(plans) };
-    let key = spec_decode::profile::profile_key(device, model);
-    let profile = spec_decode::profile::load(&cfg.model_dir, &key)
-        .map_err(|e| Error::Load { path: cfg.model_dir.clone(), detail: e.to_string() })?;
+    let Some(d) = drafter else { return Ok(plans) };
+    let schedule = if cfg.throughput_schedule { Schedule::Auto } else { Schedule::Full };
     for (slot, greedy) in plans.iter_mut().zip([true, false]) {
-        if let (Some(t), Some(p)) = (d.sts(greedy), &profile) {
-            *slot = Some(spec_decode::ThroughputPlan::new(t, p.round_cost(greedy, true)));
+        let (pruning, line) = choose(schedule, None, d, model, &cfg.model_dir, device, greedy)?;
+        if let Pruning::Throughput(plan) = pruning {
+            *slot = Some(plan);
         }
-        let mode = if greedy { "greedy" } else { "sampled" };
-        let how = match (&slot, &profile) {
-            (Some(_), _) => format!("throughput schedule (profile {key})"),
-            (None, None) => format!("full blocks (no verify-cost profile for {key}: `dspark profile`)"),
-            (None, Some(_)) => format!("full blocks (the drafter has no {mode} calibration: `dspark calibrate`)"),
-        };
-        eprintln!("dspark serve: {mode} requests: {how}");
+        eprintln!("dspark serve: {} requests: {line}", if greedy { "greedy" } else { "sampled" });
     }
     Ok(plans)
 }

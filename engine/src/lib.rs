@@ -10,12 +10,18 @@
 //! - [`prompt_cache`]: exact reuse of earlier prompts' prefixes.
 //! - [`text`]: token ids to streamed text, with stop strings.
 //! - [`chat`]: conversations to prompt ids.
+//! - [`selection`], [`schedule`], [`default_model`]: what both front ends decide before
+//!   decoding: which target and drafter (the embedded default unless told otherwise), and
+//!   which verify windows.
 #![forbid(unsafe_code)]
 
 pub mod chat;
+pub mod default_model;
 pub mod engine;
 mod error;
 pub mod prompt_cache;
+pub mod schedule;
+pub mod selection;
 pub mod session;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -24,4 +30,5 @@ pub mod text;
 pub use engine::{Engine, EngineConfig, Event, Events, Job, ModelInfo, RequestCounts};
 pub use error::{Error, Result};
 pub use gemma4::generate::FinishReason;
+pub use schedule::Schedule;
 pub use session::{Outcome, Request, Session, StepOut};
