@@ -6,9 +6,11 @@
 //!
 //! - [`params`], [`openai`], [`api_error`]: the OpenAI request and response shapes.
 //! - [`mod@router`], [`server`]: axum routes, binding and graceful shutdown.
+//! - [`launch`]: the `dspark-serve` command line (its binary only parses and prints).
 #![forbid(unsafe_code)]
 
 pub mod api_error;
+pub mod launch;
 pub mod openai;
 pub mod params;
 pub mod router;

@@ -159,7 +159,7 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
         .iter()
         .position(|s| *s == from)
         .with_context(|| format!("--from {from:?}: expected one of {STAGES:?}"))?;
-    let bin = crate::serve_gate::dspark_binary(workspace, true)?;
+    let bin = crate::serve_gate::workspace_binary(workspace, "dspark", true)?;
     std::fs::create_dir_all(work)?;
     let r = recipe;
     let s = |v: &dyn ToString| v.to_string();

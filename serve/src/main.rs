@@ -1,0 +1,25 @@
+//! `dspark-serve`: the OpenAI-compatible HTTP server on a Gemma-4 checkpoint (`dspark serve`
+//! runs this binary).
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(
+    name = "dspark-serve",
+    version,
+    about = "Serve a Gemma-4 model over an OpenAI-compatible HTTP API (/v1/completions, \
+             /v1/chat/completions), decoding speculatively with --drafter"
+)]
+struct Cli {
+    #[command(flatten)]
+    args: serve::launch::Args,
+}
+
+fn main() -> anyhow::Result<()> {
+    serve::launch::run(Cli::parse().args, |addr| {
+        // On stdout, so a script that asked for port 0 can read the port.
+        println!("dspark serve: listening on http://{addr}");
+    })?;
+    Ok(())
+}
