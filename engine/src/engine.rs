@@ -9,6 +9,9 @@
 //! Every request's start and every round run under `catch_unwind`: a failure, even a panic,
 //! ends that request with an error event and the worker goes on.
 //!
+//! The worker logs each request's end through `tracing` (the server's binary prints it), with
+//! the request's label in the `request` field.
+//!
 //! Batching next: the per-round loop below already holds every active session's state
 //! ([`Session`]: caches, drafter context, sampler keys, stats) apart from the models, so
 //! verifying several sessions' windows in one batched target forward (Algorithm 1 across
@@ -300,7 +303,7 @@ fn plans(cfg: &EngineConfig, model: &Model, drafter: Option<&dyn Drafter>, devic
         if let Pruning::Throughput(plan) = pruning {
             *slot = Some(plan);
         }
-        eprintln!("dspark serve: {} requests: {line}", if greedy { "greedy" } else { "sampled" });
+        tracing::info!("{} requests: {line}", if greedy { "greedy" } else { "sampled" });
     }
     Ok(plans)
 }
@@ -341,8 +344,9 @@ fn load(cfg: &EngineConfig) -> Result<Loaded> {
 
 fn log_done(label: &str, o: &Outcome, wall_ms: f64) {
     let tau = o.speculation.as_ref().map_or_else(|| "-".to_string(), |s| format!("{:.2}", s.tau()));
-    eprintln!(
-        "dspark serve: {label} | prompt {} tokens ({} cached) | completion {} tokens | {:.1} tok/s | τ {tau} | finish {} | {:.0} ms",
+    tracing::info!(
+        request = %label,
+        "prompt {} tokens ({} cached) | completion {} tokens | {:.1} tok/s | τ {tau} | finish {} | {:.0} ms",
         o.prompt_tokens,
         o.cached_tokens,
         o.tokens.len(),
@@ -392,7 +396,7 @@ fn worker(
             };
             dec(&n.queued);
             if job.events.is_closed() {
-                eprintln!("dspark serve: {} | cancelled while queued", job.label);
+                tracing::info!(request = %job.label, "cancelled while queued");
                 inc(&n.cancelled);
                 continue;
             }
@@ -415,7 +419,7 @@ fn worker(
                     active.push(Active { job, session, slot, t0 });
                 }
                 Err(e) => {
-                    eprintln!("dspark serve: {} | failed: {e}", job.label);
+                    tracing::warn!(request = %job.label, "failed: {e}");
                     inc(&n.failed);
                     job.events.send(Event::Failed(e.to_string()));
                     free.push(slot);
@@ -429,7 +433,7 @@ fn worker(
             if a.job.events.is_closed() {
                 let a = active.remove(i);
                 let o = a.session.finish();
-                eprintln!("dspark serve: {} | cancelled by the client after {} tokens", a.job.label, o.tokens.len());
+                tracing::info!(request = %a.job.label, "cancelled by the client after {} tokens", o.tokens.len());
                 dec(&n.active);
                 inc(&n.cancelled);
                 free.push(a.slot);
@@ -455,7 +459,7 @@ fn worker(
                 }
                 Err(e) => {
                     let a = active.remove(i);
-                    eprintln!("dspark serve: {} | failed: {e}", a.job.label);
+                    tracing::warn!(request = %a.job.label, "failed: {e}");
                     dec(&n.active);
                     inc(&n.failed);
                     a.job.events.send(Event::Failed(e.to_string()));

@@ -99,11 +99,11 @@ pub fn run(a: Args, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
     cfg.prefill_step = a.prefill_step;
     cfg.dtype = a.dtype;
     cfg.throughput_schedule = throughput_schedule;
-    eprintln!("dspark serve: loading {}", dir.display());
+    tracing::info!("loading {}", dir.display());
     let engine = Engine::start(cfg)?;
     let info = engine.info();
-    eprintln!(
-        "dspark serve: model '{}' | {} | context {} | {} session(s) at once",
+    tracing::info!(
+        "model '{}' | {} | context {} | {} session(s) at once",
         info.id,
         if info.speculative { "speculative" } else { "plain decoding" },
         info.context,

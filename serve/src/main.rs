@@ -2,6 +2,8 @@
 //! runs this binary).
 #![forbid(unsafe_code)]
 
+use std::io::IsTerminal;
+
 use clap::Parser;
 
 #[derive(Parser)]
@@ -17,6 +19,12 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Log lines on stderr; stdout carries only the address line.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
     serve::launch::run(Cli::parse().args, |addr| {
         // On stdout, so a script that asked for port 0 can read the port.
         println!("dspark serve: listening on http://{addr}");

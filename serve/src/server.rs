@@ -49,7 +49,7 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    eprintln!("dspark serve: shutting down (finishing requests in flight)");
+    tracing::info!("shutting down (finishing requests in flight)");
 }
 
 /// Binds `addr`, reports the address it listens on through `on_listening`, and serves until a
