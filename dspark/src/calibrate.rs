@@ -297,8 +297,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(_) => (Vec::new(), None),
         None => load_prompts(&a, &model, &model_dir, default_model)?,
     };
-    let src =
-        if a.drafter == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(&a.drafter) };
+    let src = crate::paths::drafter_dir(&a.drafter)?;
     let mut drafter =
         load_drafter(&src, model.config()).with_context(|| format!("loading the drafter in {}", src.display()))?;
     check_drafter(drafter.as_ref()).map_err(|e| anyhow::anyhow!("{}: {e}", src.display()))?;

@@ -1,18 +1,18 @@
 //! `dspark generate`: plain or speculative decoding with streaming output and a stats line,
-//! through the same [`serve::Session`] the server decodes with.
+//! through the same [`engine::Session`] the server decodes with.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use engine::chat::{chat_ids, text_ids, user_message};
+use engine::{Request, Session};
 use gemma4::chat_template::ChatTemplate;
 use gemma4::generate::{generate, GenerateConfig};
 use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::{ComputeDtype, Model};
 use mlx_core::Device;
-use serve::chat::{chat_ids, text_ids, user_message};
-use serve::{Request, Session};
 
 /// Arguments of `dspark generate`. Numeric options accept negative values at parse time so the
 /// range checks can say what is allowed.
@@ -206,7 +206,7 @@ pub fn run(a: Args) -> Result<()> {
             Some(Box::new(spec_decode::oracle::SelfDrafter::new(a.gamma.unwrap_or(4))) as Box<dyn spec_decode::Drafter>)
         }
         Some(d) => {
-            let ddir = if d == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(d) };
+            let ddir = crate::paths::drafter_dir(d)?;
             eprintln!("dspark: loading drafter {}", ddir.display());
             Some(
                 spec_decode::loader::load_drafter_as(&ddir, model.config(), resolved.conversion.dequantize)

@@ -4,7 +4,6 @@
 #![forbid(unsafe_code)]
 
 pub mod calibrate;
-pub mod default_model;
 pub mod doctor;
 pub mod eval_drafter;
 pub mod generate;
@@ -14,7 +13,9 @@ pub mod profile;
 pub mod quantize_drafter;
 pub mod quantize_target;
 pub mod regen;
-pub mod schedule;
 pub mod serve;
 pub mod train;
 pub mod train_target;
+
+// Shared with `dspark-serve`, so they live in the engine crate.
+pub use engine::{default_model, schedule};

@@ -39,7 +39,9 @@ enum Cmd {
     /// Measure the target's verify cost v(n) on this device and dtype, for `--schedule`.
     Profile(profile::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (/v1/completions,
-    /// /v1/chat/completions), decoding speculatively with --drafter.
+    /// /v1/chat/completions), decoding speculatively with --drafter: runs the dspark-serve
+    /// binary next to this one with the same arguments.
+    #[command(disable_help_flag = true)]
     Serve(serve::Args),
     /// Write (or rewrite) the embedded default checkpoint and print its path.
     InitDefault {

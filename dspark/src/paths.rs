@@ -1,6 +1,9 @@
 //! Checks on the directories the subcommands are given, run before anything is read or written.
+//! Which target and drafter to run is the engine crate's choice, shared with `dspark-serve`.
 
 use std::path::{Component, Path, PathBuf};
+
+pub use engine::selection::{drafter_choice, drafter_dir, refuse_drafter_as_model, select_target};
 
 /// Why an output directory was refused.
 #[derive(Debug, thiserror::Error)]
@@ -120,53 +123,6 @@ pub fn check_out_dir(src: &Path, out: &Path) -> Result<(), OutDirError> {
     }
 }
 
-/// Refuses a drafter checkpoint (DSpark `dspark.json`, or a DeepSpec `config.json`) given where
-/// a target model is expected. `flag` is the option that named it.
-pub fn refuse_drafter_as_model(dir: &Path, flag: &str) -> anyhow::Result<()> {
-    if let Ok(kind) = spec_decode::loader::detect(dir) {
-        anyhow::bail!(
-            "{flag} {}: this is a {kind:?} drafter checkpoint, not a Gemma-4 target; pass it as --drafter (and a \
-             target as {flag})",
-            dir.display()
-        );
-    }
-    Ok(())
-}
-
-/// The drafter `generate` and `serve` use: the default model comes with its own drafter
-/// (`default`), any other model decodes plainly unless `--drafter` is given, and `none` always
-/// decodes plainly.
-pub fn drafter_choice<'a>(model: Option<&Path>, drafter: Option<&'a str>) -> Option<&'a str> {
-    match (model, drafter) {
-        (_, Some("none")) => None,
-        (None, None) => Some("default"),
-        (_, d) => d,
-    }
-}
-
-/// The checks `generate` and `serve` share before loading: the device exists, `--model` is
-/// not a drafter, `--drafter default` goes with the default model only; then selects the
-/// device and returns the model directory (the embedded default when `model` is None).
-pub fn select_target(model: Option<&Path>, drafter: Option<&str>, device: mlx_core::Device) -> anyhow::Result<PathBuf> {
-    if !device.is_available() {
-        anyhow::bail!("--device {device:?}: this MLX build has no such backend (MLX at {})", mlx_core::MLX_DIR);
-    }
-    if let Some(m) = model {
-        refuse_drafter_as_model(m, "--model")?;
-        if drafter == Some("default") {
-            anyhow::bail!(
-                "--drafter default belongs to the embedded default model; pass a drafter directory for --model {}",
-                m.display()
-            );
-        }
-    }
-    device.set_default()?;
-    match model {
-        Some(d) => Ok(d.to_path_buf()),
-        None => crate::default_model::ensure(false),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,16 +191,5 @@ mod tests {
         check_creatable_dir(&s.0.join("sibling/new/deeper"), "--out").unwrap();
         let e = check_creatable_dir(&s.0.join("file/new"), "--out").unwrap_err().to_string();
         assert!(e.contains("--out") && e.contains("is not a directory"), "{e}");
-    }
-
-    #[test]
-    fn the_default_model_brings_its_drafter_and_none_turns_it_off() {
-        let m = Path::new("/some/model");
-        assert_eq!(drafter_choice(None, None), Some("default"));
-        assert_eq!(drafter_choice(None, Some("none")), None);
-        assert_eq!(drafter_choice(Some(m), None), None);
-        assert_eq!(drafter_choice(Some(m), Some("/d")), Some("/d"));
-        assert_eq!(drafter_choice(Some(m), Some("none")), None);
-        assert_eq!(drafter_choice(None, Some("self")), Some("self"));
     }
 }

@@ -68,7 +68,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut drafter = match drafter_arg {
         None => None,
         Some(d) => {
-            let ddir = if d == "default" { crate::default_model::ensure_drafter(false)? } else { PathBuf::from(d) };
+            let ddir = crate::paths::drafter_dir(d)?;
             Some(
                 spec_decode::loader::load_drafter_as(&ddir, model.config(), resolved.conversion.dequantize)
                     .with_context(|| format!("loading the drafter in {}", ddir.display()))?,

@@ -333,14 +333,9 @@ fn without_config_eos_ids_the_tokenizer_eos_stops_and_an_id_prompt_still_prints_
 }
 
 #[test]
-fn serve_and_generate_refuse_bad_serving_flags() {
+fn generate_refuses_serving_flags_it_cannot_honour() {
+    // dspark-serve's own refusals are tested in the serve package, against its binary.
     let home = Scratch::create("cli-serve-flags");
-    let r = dspark(&home, &["serve", "--max-concurrency", "0"]);
-    fails_with(&r, &["--max-concurrency"]);
-    let r = dspark(&home, &["serve", "--prefill-step", "0"]);
-    fails_with(&r, &["--prefill-step"]);
-    let r = dspark(&home, &["serve", "--drafter", "none", "--gamma", "2"]);
-    fails_with(&r, &["--drafter"]);
     let r = dspark(&home, &["generate", "--tokens", "5 6", "--stop", "t7"]);
     fails_with(&r, &["--stop"]);
     let r = dspark(&home, &["generate", "--tokens", "5 6", "--chat"]);
@@ -455,4 +450,34 @@ fn the_default_drafter_quantizes_with_its_default_group_size() {
     assert!(r.status.success(), "{err}");
     assert!(err.contains("markov.w1") && err.contains("group size 32"), "{err}");
     assert!(out.join("dspark.json").is_file());
+}
+
+/// A copy of the `dspark` binary alone in a directory (hard-linked where the filesystem allows),
+/// so that what sits beside it is up to the test.
+fn lone_dspark(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("dir");
+    let bin = dir.join("dspark");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_dspark"), &bin).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_dspark"), &bin).expect("copy dspark");
+    }
+    bin
+}
+
+#[cfg(unix)]
+#[test]
+fn serve_runs_dspark_serve_beside_it_with_the_same_arguments() {
+    use std::os::unix::fs::PermissionsExt;
+    let sc = Scratch::create("cli-serve-exec");
+    let bin = lone_dspark(&sc.join("bin"));
+    let args = ["serve", "--help", "--port", "0", "--drafter", "a dir"];
+    // Without dspark-serve, the message says how to build it.
+    let r = Command::new(&bin).args(args).env("DSPARK_HOME", sc.join("home")).output().expect("run dspark");
+    fails_with(&r, &["dspark-serve", "cargo build --release -p dspark-serve"]);
+    // A stand-in that prints its arguments, one per line, and exits with a code of its own.
+    let server = sc.join("bin/dspark-serve");
+    std::fs::write(&server, "#!/bin/sh\nprintf '%s\\n' \"$@\"\nexit 3\n").expect("write stand-in");
+    std::fs::set_permissions(&server, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let r = Command::new(&bin).args(args).env("DSPARK_HOME", sc.join("home")).output().expect("run dspark");
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "--help\n--port\n0\n--drafter\na dir\n");
+    assert_eq!(r.status.code(), Some(3), "the server's exit status is dspark's");
 }

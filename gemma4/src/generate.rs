@@ -38,10 +38,20 @@ impl Default for GenerateConfig {
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// A stop token was produced.
+    /// A stop token was produced (or, for a front end matching text, a stop string).
     Stop,
     /// `max_tokens` were produced.
     Length,
+}
+
+impl FinishReason {
+    /// The name OpenAI's `finish_reason` uses, which the front ends print too.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
 }
 
 /// Timing and counts of one generation.

@@ -4,7 +4,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
 
 /// An error response.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,10 +46,33 @@ impl ApiError {
         }
     }
 
-    /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    /// The body.
+    pub fn body(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            error: ErrorDetail {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param.as_deref(),
+                code: self.code,
+            },
+        }
     }
+}
+
+/// An error response's body.
+#[derive(Clone, Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    pub error: ErrorDetail<'a>,
+}
+
+/// `error` of an error body.
+#[derive(Clone, Debug, Serialize)]
+pub struct ErrorDetail<'a> {
+    pub message: &'a str,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub param: Option<&'a str>,
+    pub code: Option<&'static str>,
 }
 
 impl IntoResponse for ApiError {

@@ -1,29 +1,22 @@
-//! `dspark serve`: an OpenAI-compatible HTTP server (`/v1/completions`,
+//! `dspark-serve`: an OpenAI-compatible HTTP server (`/v1/completions`,
 //! `/v1/chat/completions`, `/v1/models`, `/health`) over a Gemma-4 target, decoding
 //! speculatively with a drafter when one is given, with streaming and per-request speculation
-//! statistics in `usage.speculation`.
+//! statistics in `usage.speculation`. The decoding itself (sessions, the engine, the prompt
+//! cache) is the `engine` crate's; this crate is its HTTP front end.
 //!
-//! - [`session`]: one request's decoding, a round at a time; the one decoding path shared with
-//!   `dspark generate`.
-//! - [`engine`]: the worker thread that owns the model and interleaves sessions.
-//! - [`prompt_cache`]: exact reuse of earlier prompts' prefixes.
-//! - [`params`], [`chat`], [`openai`], [`api_error`]: the OpenAI request and response shapes.
+//! - [`params`], [`openai`], [`api_error`]: the OpenAI request and response shapes.
 //! - [`mod@router`], [`server`]: axum routes, binding and graceful shutdown.
+//! - [`launch`]: the `dspark-serve` command line (its binary only parses and prints).
 #![forbid(unsafe_code)]
 
 pub mod api_error;
-pub mod chat;
-pub mod engine;
-mod error;
+pub mod launch;
 pub mod openai;
 pub mod params;
-pub mod prompt_cache;
 pub mod router;
 pub mod server;
-pub mod session;
-pub mod text;
 
-pub use engine::{Engine, EngineConfig, Event, Job, ModelInfo};
-pub use error::{Error, Result};
+// The paths these had when they lived here.
+pub use engine::{chat, prompt_cache, session, text};
+pub use engine::{Engine, EngineConfig, Error, Event, Job, ModelInfo, Outcome, Request, Result, Session, StepOut};
 pub use router::{router, DEFAULT_BODY_LIMIT};
-pub use session::{Finish, Outcome, Request, Session, StepOut};

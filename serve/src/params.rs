@@ -1,16 +1,18 @@
-//! Request bodies of `/v1/completions` and `/v1/chat/completions`, read field by field from
-//! the JSON so that every refusal names the field at fault (OpenAI's `param`). Unknown fields
-//! are ignored, as OpenAI-compatible servers do; known fields this server cannot honour
-//! (`n` > 1, `logprobs`, `echo`, penalties, …) are refused rather than silently dropped.
+//! Request bodies of `/v1/completions` and `/v1/chat/completions`: deserialized into
+//! [`Fields`], then validated against the served model, so that every refusal names the field
+//! at fault (OpenAI's `param`): a value of the wrong type by its path (`messages[0].content`),
+//! a value out of range by the check that refused it. Unknown fields are ignored, as
+//! OpenAI-compatible servers do; known fields this server cannot honour (`n` > 1, `logprobs`,
+//! `echo`, penalties, …) are refused rather than silently dropped.
 
+use engine::chat::{chat_ids, text_ids, ChatError};
+use engine::{ModelInfo, Request};
 use gemma4::generate::GenerateConfig;
 use gemma4::sampling::SamplerConfig;
-use serde_json::{Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::api_error::ApiError;
-use crate::chat::{chat_ids, text_ids, ChatError};
-use crate::engine::ModelInfo;
-use crate::session::Request;
 
 /// Which endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,113 +30,191 @@ pub struct Parsed {
     pub include_usage: bool,
 }
 
+/// The fields of either endpoint's body that this server reads (null counts as absent).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, expecting = "a JSON object")]
+pub struct Fields {
+    pub model: Option<String>,
+    /// `/v1/completions`.
+    pub prompt: Option<Prompt>,
+    /// `/v1/chat/completions`.
+    pub messages: Option<Vec<ChatMessage>>,
+    pub n: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub min_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    pub max_tokens: Option<i64>,
+    /// Chat's newer name for `max_tokens`; wins when both are given.
+    pub max_completion_tokens: Option<i64>,
+    // Refused unless absent or "off", whatever their type: their values are never used.
+    pub best_of: Option<Value>,
+    pub echo: Option<Value>,
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
+    pub presence_penalty: Option<Value>,
+    pub frequency_penalty: Option<Value>,
+    pub suffix: Option<Value>,
+    pub tools: Option<Value>,
+}
+
+/// A completion prompt: text, token ids, or a batch (of which one prompt is served).
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "expected a string or a list of token ids")]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u64>),
+    Batch(Vec<OnePrompt>),
+}
+
+/// One prompt of a batch.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "expected a string or a list of token ids")]
+pub enum OnePrompt {
+    Text(String),
+    Ids(Vec<u64>),
+}
+
+/// A chat message as sent; its role and content are checked after deserialization so the
+/// refusal can say what is allowed.
+#[derive(Debug, Deserialize)]
+#[serde(expecting = "an object with 'role' and 'content'")]
+pub struct ChatMessage {
+    pub role: Option<String>,
+    pub content: Option<Content>,
+}
+
+/// A message's content: text, or a list of parts (of which only text parts are served).
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "expected a string or a list of text parts")]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub text: Option<String>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, expecting = "an object")]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "expected a string or a list of strings")]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A checked chat message, as the chat template reads it.
+#[derive(Serialize)]
+struct PlainMessage {
+    role: String,
+    content: String,
+}
+
 /// Default completion budget of `/v1/completions` (OpenAI's) and of chat (bounded by the
 /// context left).
 const DEFAULT_MAX_TOKENS: usize = 16;
 const DEFAULT_CHAT_MAX_TOKENS: usize = 256;
 /// Stop strings one request may give.
 const MAX_STOPS: usize = 16;
-
-type Fields = Map<String, Value>;
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 fn bad(param: &str, msg: impl Into<String>) -> ApiError {
     ApiError::invalid(Some(param), msg)
 }
 
-fn present<'a>(f: &'a Fields, name: &str) -> Option<&'a Value> {
-    f.get(name).filter(|v| !v.is_null())
-}
-
-fn number(f: &Fields, name: &str) -> Result<Option<f64>, ApiError> {
-    match present(f, name) {
-        None => Ok(None),
-        Some(v) => match v.as_f64() {
-            Some(x) if x.is_finite() => Ok(Some(x)),
-            _ => Err(bad(name, format!("'{name}' must be a number, got {v}"))),
-        },
-    }
-}
-
-fn integer(f: &Fields, name: &str) -> Result<Option<i64>, ApiError> {
-    match present(f, name) {
-        None => Ok(None),
-        Some(v) => v.as_i64().map(Some).ok_or_else(|| bad(name, format!("'{name}' must be an integer, got {v}"))),
-    }
-}
-
-fn boolean(f: &Fields, name: &str) -> Result<Option<bool>, ApiError> {
-    match present(f, name) {
-        None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or_else(|| bad(name, format!("'{name}' must be true or false, got {v}"))),
-    }
-}
-
 /// Refuses a field unless it is absent or has one of the values meaning "off".
-fn only_off(f: &Fields, name: &str, off: &[Value], what: &str) -> Result<(), ApiError> {
-    match present(f, name) {
+fn only_off(value: &Option<Value>, name: &str, off: &[Value], what: &str) -> Result<(), ApiError> {
+    match value {
         Some(v) if !off.contains(v) => Err(bad(name, format!("'{name}' is not supported by this server ({what})"))),
         _ => Ok(()),
     }
 }
 
-/// Parses and validates a body for `endpoint` against the served model.
-pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed, ApiError> {
+/// The body's fields; a value of the wrong type is refused naming its path.
+pub fn fields(body: &[u8]) -> Result<Fields, ApiError> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(None, format!("the request body is not valid JSON: {e}")))?;
-    let Value::Object(f) = v else {
+    if !v.is_object() {
         return Err(ApiError::invalid(None, "the request body must be a JSON object"));
-    };
-    match present(&f, "model") {
-        None => {}
-        Some(Value::String(m)) if *m == info.id => {}
-        Some(Value::String(m)) => {
-            return Err(ApiError::invalid_code(
-                "model",
-                "model_not_found",
-                format!("the model '{m}' does not exist; this server serves '{}'", info.id),
-            ))
-        }
-        Some(v) => return Err(bad("model", format!("'model' must be a string, got {v}"))),
     }
-    if let Some(n) = integer(&f, "n")? {
-        if n != 1 {
-            return Err(bad("n", format!("'n' must be 1 (one choice per request), got {n}")));
-        }
-    }
-    only_off(&f, "best_of", &[Value::from(1)], "one candidate per request")?;
-    only_off(&f, "echo", &[Value::from(false)], "the prompt is not echoed")?;
-    only_off(&f, "logprobs", &[Value::from(false), Value::from(0)], "no logprobs are returned")?;
-    only_off(&f, "top_logprobs", &[Value::from(0)], "no logprobs are returned")?;
-    for p in ["presence_penalty", "frequency_penalty"] {
-        only_off(&f, p, &[Value::from(0), Value::from(0.0)], "penalties would change the target's distribution")?;
-    }
-    only_off(&f, "suffix", &[], "no insertion mode")?;
-    only_off(&f, "tools", &[Value::Array(vec![])], "no tool calls")?;
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        bad(&path, format!("'{path}': {}", json_words(&e.into_inner().to_string())))
+    })
+}
 
-    let stream = boolean(&f, "stream")?.unwrap_or(false);
-    let include_usage = match present(&f, "stream_options") {
-        None => false,
-        Some(Value::Object(o)) => match o.get("include_usage") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => return Err(bad("stream_options", format!("'include_usage' must be true or false, got {v}"))),
-        },
-        Some(v) => return Err(bad("stream_options", format!("'stream_options' must be an object, got {v}"))),
-    };
+/// serde's messages name Rust types where a client knows JSON's.
+fn json_words(msg: &str) -> String {
+    [
+        ("expected f64", "expected a number"),
+        ("expected i64", "expected an integer"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected a sequence", "expected a list"),
+    ]
+    .iter()
+    .fold(msg.to_string(), |m, (rust, json)| m.replace(rust, json))
+}
 
-    let temperature = number(&f, "temperature")?.unwrap_or(1.0);
+/// Parses and validates a body for `endpoint` against the served model.
+pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed, ApiError> {
+    validate(endpoint, fields(body)?, info)
+}
+
+/// Checks deserialized fields against the served model and builds the request.
+pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parsed, ApiError> {
+    if let Some(m) = f.model.as_ref().filter(|m| **m != info.id) {
+        return Err(ApiError::invalid_code(
+            "model",
+            "model_not_found",
+            format!("the model '{m}' does not exist; this server serves '{}'", info.id),
+        ));
+    }
+    if let Some(n) = f.n.filter(|&n| n != 1) {
+        return Err(bad("n", format!("'n' must be 1 (one choice per request), got {n}")));
+    }
+    only_off(&f.best_of, "best_of", &[Value::from(1)], "one candidate per request")?;
+    only_off(&f.echo, "echo", &[Value::from(false)], "the prompt is not echoed")?;
+    only_off(&f.logprobs, "logprobs", &[Value::from(false), Value::from(0)], "no logprobs are returned")?;
+    only_off(&f.top_logprobs, "top_logprobs", &[Value::from(0)], "no logprobs are returned")?;
+    let zero = [Value::from(0), Value::from(0.0)];
+    let penalties = "penalties would change the target's distribution";
+    only_off(&f.presence_penalty, "presence_penalty", &zero, penalties)?;
+    only_off(&f.frequency_penalty, "frequency_penalty", &zero, penalties)?;
+    only_off(&f.suffix, "suffix", &[], "no insertion mode")?;
+    only_off(&f.tools, "tools", &[Value::Array(vec![])], "no tool calls")?;
+
+    let stream = f.stream.unwrap_or(false);
+    let include_usage = f.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
+
+    let temperature = f.temperature.unwrap_or(1.0);
     if let Err(e) = gemma4::sampling::check_temperature(temperature) {
         return Err(bad("temperature", format!("'temperature': {e}")));
     }
-    let top_p = number(&f, "top_p")?.unwrap_or(1.0);
+    let top_p = f.top_p.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(bad("top_p", format!("'top_p' must be in (0, 1], got {top_p}")));
     }
-    let min_p = number(&f, "min_p")?.unwrap_or(0.0);
+    let min_p = f.min_p.unwrap_or(0.0);
     if !(0.0..=1.0).contains(&min_p) {
         return Err(bad("min_p", format!("'min_p' must be in [0, 1], got {min_p}")));
     }
-    let top_k = match integer(&f, "top_k")? {
+    let top_k = match f.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 && (k as u64) < info.vocab as u64 => k as usize,
         Some(k) => {
@@ -144,21 +224,11 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
             ))
         }
     };
-    let seed = match present(&f, "seed") {
-        None => fresh_seed(),
-        Some(v) => v.as_u64().ok_or_else(|| bad("seed", format!("'seed' must be a non-negative integer, got {v}")))?,
-    };
-    let stop = match present(&f, "stop") {
+    let seed = f.seed.unwrap_or_else(fresh_seed);
+    let stop = match f.stop {
         None => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|s| match s {
-                Value::String(s) => Ok(s.clone()),
-                other => Err(bad("stop", format!("'stop' must hold strings, got {other}"))),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(v) => return Err(bad("stop", format!("'stop' must be a string or a list of strings, got {v}"))),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
     };
     if stop.len() > MAX_STOPS {
         return Err(bad("stop", format!("at most {MAX_STOPS} stop strings, got {}", stop.len())));
@@ -171,8 +241,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
     }
 
     let (prompt, prompt_field) = match endpoint {
-        Endpoint::Completions => (completion_prompt(&f, info)?, "prompt"),
-        Endpoint::Chat => (chat_prompt(&f, info)?, "messages"),
+        Endpoint::Completions => (completion_prompt(f.prompt, info)?, "prompt"),
+        Endpoint::Chat => (chat_prompt(f.messages, info)?, "messages"),
     };
     if prompt.is_empty() {
         return Err(bad(prompt_field, "the prompt encodes to no tokens"));
@@ -189,12 +259,11 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
         ));
     }
     let room = info.context - prompt.len();
-    let max_field = if endpoint == Endpoint::Chat && present(&f, "max_completion_tokens").is_some() {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
+    let (max_field, max) = match (endpoint, f.max_completion_tokens) {
+        (Endpoint::Chat, Some(n)) => ("max_completion_tokens", Some(n)),
+        _ => ("max_tokens", f.max_tokens),
     };
-    let max_tokens = match integer(&f, max_field)? {
+    let max_tokens = match max {
         None if endpoint == Endpoint::Chat => DEFAULT_CHAT_MAX_TOKENS.min(room),
         None => DEFAULT_MAX_TOKENS.min(room),
         Some(n) if n < 1 => return Err(bad(max_field, format!("'{max_field}' must be at least 1, got {n}"))),
@@ -235,108 +304,176 @@ fn fresh_seed() -> u64 {
     t ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
 }
 
-fn checked_ids(ids: Vec<u32>, info: &ModelInfo, field: &str) -> Result<Vec<u32>, ApiError> {
-    match ids.iter().find(|&&t| t as usize >= info.vocab) {
-        Some(t) => {
-            Err(bad(field, format!("'{field}': token id {t} is outside the vocabulary of {} tokens", info.vocab)))
-        }
-        None => Ok(ids),
-    }
+/// Ids as given, each checked against the vocabulary (ids past `u32` are outside it too).
+fn checked_ids(ids: impl IntoIterator<Item = u64>, info: &ModelInfo, field: &str) -> Result<Vec<u32>, ApiError> {
+    ids.into_iter()
+        .map(|t| match u32::try_from(t) {
+            Ok(id) if (id as usize) < info.vocab => Ok(id),
+            _ => Err(bad(field, format!("'{field}': token id {t} is outside the vocabulary of {} tokens", info.vocab))),
+        })
+        .collect()
 }
 
-fn completion_prompt(f: &Fields, info: &ModelInfo) -> Result<Vec<u32>, ApiError> {
+fn completion_prompt(prompt: Option<Prompt>, info: &ModelInfo) -> Result<Vec<u32>, ApiError> {
     let encode = |text: &str| -> Result<Vec<u32>, ApiError> {
         let tok = info
             .tokenizer
             .as_ref()
             .ok_or_else(|| bad("prompt", "this model has no tokenizer; send the prompt as a list of token ids"))?;
         let ids = text_ids(tok, text).map_err(|e| bad("prompt", format!("the prompt cannot be encoded: {e}")))?;
-        checked_ids(ids, info, "prompt")
+        checked_ids(ids.into_iter().map(u64::from), info, "prompt")
     };
-    match present(f, "prompt") {
+    match prompt {
         None => Err(bad("prompt", "'prompt' is required")),
-        Some(Value::String(s)) => encode(s),
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            let ids = a.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).unwrap_or(u32::MAX)).collect();
-            checked_ids(ids, info, "prompt")
-        }
-        Some(Value::Array(a)) if a.len() == 1 => match &a[0] {
-            Value::String(s) => encode(s),
-            Value::Array(ids) if ids.iter().all(Value::is_u64) => {
-                let ids =
-                    ids.iter().map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()).unwrap_or(u32::MAX)).collect();
-                checked_ids(ids, info, "prompt")
-            }
-            other => Err(bad("prompt", format!("'prompt' must be a string or a list of token ids, got {other}"))),
+        Some(Prompt::Text(s)) => encode(&s),
+        Some(Prompt::Ids(ids)) => checked_ids(ids, info, "prompt"),
+        Some(Prompt::Batch(mut batch)) if batch.len() == 1 => match batch.remove(0) {
+            OnePrompt::Text(s) => encode(&s),
+            OnePrompt::Ids(ids) => checked_ids(ids, info, "prompt"),
         },
-        Some(Value::Array(a)) if a.len() > 1 && a.iter().all(|p| p.is_string() || p.is_array()) => {
-            Err(bad("prompt", format!("one prompt per request (n = 1), got {}", a.len())))
+        Some(Prompt::Batch(batch)) => {
+            Err(bad("prompt", format!("one prompt per request (n = 1), got {}", batch.len())))
         }
-        Some(v) => Err(bad("prompt", format!("'prompt' must be a string or a list of token ids, got {v}"))),
     }
 }
 
-fn chat_prompt(f: &Fields, info: &ModelInfo) -> Result<Vec<u32>, ApiError> {
-    let msgs = match present(f, "messages") {
-        None => return Err(bad("messages", "'messages' is required")),
-        Some(Value::Array(a)) if a.is_empty() => return Err(bad("messages", "'messages' must not be empty")),
-        Some(Value::Array(a)) => a,
-        Some(v) => return Err(bad("messages", format!("'messages' must be a list of messages, got {v}"))),
-    };
-    let mut plain = Vec::with_capacity(msgs.len());
-    for (i, m) in msgs.iter().enumerate() {
-        let at = |what: &str| format!("messages[{i}]{what}");
-        let Value::Object(m) = m else {
-            return Err(bad(&at(""), format!("{} must be an object with 'role' and 'content'", at(""))));
-        };
-        let role = match m.get("role") {
-            Some(Value::String(r)) if ["system", "developer", "user", "assistant", "tool"].contains(&r.as_str()) => {
-                r.clone()
-            }
-            Some(Value::String(r)) => {
-                return Err(bad(
-                    &at(".role"),
-                    format!("{} must be system, developer, user, assistant or tool, got '{r}'", at(".role")),
-                ))
-            }
-            _ => return Err(bad(&at(".role"), format!("{} is required and must be a string", at(".role")))),
-        };
-        // Content as text: a string, or a list of {"type": "text", "text": …} parts.
-        let content = match m.get("content") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Null) | None if role == "assistant" => String::new(),
-            Some(Value::Array(parts)) => {
-                let mut s = String::new();
-                for p in parts {
-                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                        (Some("text"), Some(t)) => s.push_str(t),
-                        _ => {
-                            return Err(bad(
-                                &at(".content"),
-                                format!(
-                                    "{}: only text parts ({{\"type\": \"text\", \"text\": …}}) are supported",
-                                    at(".content")
-                                ),
-                            ))
-                        }
+/// A message's content as text: a string, or the concatenated text parts.
+fn content_text(content: Option<Content>, role: &str, at: &str) -> Result<String, ApiError> {
+    let field = format!("{at}.content");
+    match content {
+        Some(Content::Text(s)) => Ok(s),
+        None if role == "assistant" => Ok(String::new()),
+        None => Err(bad(&field, format!("{field} must be a string or a list of text parts"))),
+        Some(Content::Parts(parts)) => {
+            let mut s = String::new();
+            for p in parts {
+                match (p.kind.as_deref(), p.text) {
+                    (Some("text"), Some(t)) => s.push_str(&t),
+                    _ => {
+                        return Err(bad(
+                            &field,
+                            format!("{field}: only text parts ({{\"type\": \"text\", \"text\": …}}) are supported"),
+                        ))
                     }
                 }
-                s
             }
-            _ => {
+            Ok(s)
+        }
+    }
+}
+
+fn chat_prompt(messages: Option<Vec<ChatMessage>>, info: &ModelInfo) -> Result<Vec<u32>, ApiError> {
+    let msgs = match messages {
+        None => return Err(bad("messages", "'messages' is required")),
+        Some(m) if m.is_empty() => return Err(bad("messages", "'messages' must not be empty")),
+        Some(m) => m,
+    };
+    let mut plain = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.into_iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let field = format!("{at}.role");
+        let role = match m.role {
+            Some(r) if ROLES.contains(&r.as_str()) => r,
+            Some(r) => {
                 return Err(bad(
-                    &at(".content"),
-                    format!("{} must be a string or a list of text parts", at(".content")),
+                    &field,
+                    format!("{field} must be system, developer, user, assistant or tool, got '{r}'"),
                 ))
             }
+            None => return Err(bad(&field, format!("{field} is required and must be a string"))),
         };
-        plain.push(serde_json::json!({"role": role, "content": content}));
+        let content = content_text(m.content, &role, &at)?;
+        plain.push(PlainMessage { role, content });
     }
     let tok =
         info.tokenizer.as_ref().ok_or_else(|| bad("messages", "this model has no tokenizer, so it cannot chat"))?;
-    let ids = chat_ids(tok, info.template.as_ref(), &Value::Array(plain)).map_err(|e| match e {
+    let messages = serde_json::to_value(&plain).map_err(|e| ApiError::internal(e.to_string()))?;
+    let ids = chat_ids(tok, info.template.as_ref(), &messages).map_err(|e| match e {
         ChatError::Template(e) => bad("messages", format!("the chat template refused the messages: {}", e.detail)),
         ChatError::Tokenizer(e) => bad("messages", format!("the conversation cannot be encoded: {e}")),
     })?;
-    checked_ids(ids, info, "messages")
+    checked_ids(ids.into_iter().map(u64::from), info, "messages")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The param and message a body's type error gets.
+    fn refusal(body: &str) -> (Option<String>, String) {
+        let e = fields(body.as_bytes()).expect_err(body);
+        (e.param, e.message)
+    }
+
+    #[test]
+    fn type_errors_name_the_path_and_say_what_json_was_expected() {
+        for (body, param, message) in [
+            (
+                r#"{"temperature": "hot"}"#,
+                "temperature",
+                r#"'temperature': invalid type: string "hot", expected a number"#,
+            ),
+            (
+                r#"{"max_tokens": 2.5}"#,
+                "max_tokens",
+                "'max_tokens': invalid type: floating point `2.5`, expected an integer",
+            ),
+            (r#"{"seed": -1}"#, "seed", "'seed': invalid value: integer `-1`, expected a non-negative integer"),
+            (r#"{"stream": "yes"}"#, "stream", r#"'stream': invalid type: string "yes", expected a boolean"#),
+            (r#"{"stop": 5}"#, "stop", "'stop': expected a string or a list of strings"),
+            (r#"{"prompt": 5}"#, "prompt", "'prompt': expected a string or a list of token ids"),
+            (r#"{"messages": "hi"}"#, "messages", r#"'messages': invalid type: string "hi", expected a list"#),
+            (
+                r#"{"messages": ["hi"]}"#,
+                "messages[0]",
+                r#"'messages[0]': invalid type: string "hi", expected an object with 'role' and 'content'"#,
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": 5}]}"#,
+                "messages[0].content",
+                "'messages[0].content': expected a string or a list of text parts",
+            ),
+            (
+                r#"{"stream_options": {"include_usage": 1}}"#,
+                "stream_options.include_usage",
+                "'stream_options.include_usage': invalid type: integer `1`, expected a boolean",
+            ),
+        ] {
+            assert_eq!(refusal(body), (Some(param.to_string()), message.to_string()), "{body}");
+        }
+    }
+
+    #[test]
+    fn null_counts_as_absent_and_unknown_fields_are_ignored() {
+        let f = fields(br#"{"temperature": null, "stop": null, "user": "x", "prompt": [1, 2]}"#).unwrap();
+        assert!(f.temperature.is_none() && f.stop.is_none());
+        assert!(matches!(f.prompt, Some(Prompt::Ids(ids)) if ids == [1, 2]));
+        let (param, message) = refusal("[1, 2]");
+        assert_eq!(param, None);
+        assert!(message.contains("JSON object"), "{message}");
+    }
+
+    #[test]
+    fn token_ids_past_the_vocabulary_or_u32_are_refused() {
+        let info = ModelInfo {
+            id: "m".into(),
+            context: 64,
+            vocab: 100,
+            stop_tokens: vec![],
+            tokenizer: None,
+            template: None,
+            speculative: false,
+            prefill_step: 16,
+            gamma: None,
+        };
+        let parse_ids = |body: &str| parse(Endpoint::Completions, body.as_bytes(), &info);
+        assert_eq!(parse_ids(r#"{"prompt": [[5, 99]]}"#).unwrap().request.prompt, [5, 99]);
+        for body in [r#"{"prompt": [100]}"#, r#"{"prompt": [4294967301]}"#] {
+            let e = parse_ids(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("prompt"), "{body}");
+            assert!(e.message.contains("outside the vocabulary"), "{}", e.message);
+        }
+        let e = parse_ids(r#"{"prompt": ["a", "b"]}"#).unwrap_err();
+        assert!(e.message.contains("one prompt per request"), "{}", e.message);
+    }
 }

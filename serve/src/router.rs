@@ -18,12 +18,12 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::json;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use engine::{Engine, Event, Events, Job};
+use serde::Serialize;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::api_error::ApiError;
-use crate::engine::{Engine, Event, Job};
-use crate::openai::{models, Envelope};
+use crate::openai::{Envelope, Health, ModelList};
 use crate::params::{parse, Endpoint};
 
 /// Request bodies larger than this are refused (HTTP 400), unless the router is built with
@@ -48,14 +48,13 @@ pub fn router(engine: Arc<Engine>, body_limit: usize) -> Router {
         .with_state(App { engine, body_limit })
 }
 
-async fn health(State(app): State<App>) -> Json<serde_json::Value> {
-    let mut v = json!({"status": "ok", "model": app.engine.info().id});
-    v["requests"] = app.engine.counters().snapshot();
-    Json(v)
+async fn health(State(app): State<App>) -> Response {
+    let requests = app.engine.counters().snapshot();
+    Json(Health { status: "ok", model: &app.engine.info().id, requests }).into_response()
 }
 
-async fn list_models(State(app): State<App>) -> Json<serde_json::Value> {
-    Json(models(&app.engine.info().id))
+async fn list_models(State(app): State<App>) -> Response {
+    Json(ModelList::of(&app.engine.info().id)).into_response()
 }
 
 async fn not_found() -> Response {
@@ -103,7 +102,7 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
         model: info.id.clone(),
     };
     let (tx, mut rx) = unbounded_channel();
-    let job = Job { request: parsed.request, events: tx, label: env.id.clone() };
+    let job = Job { request: parsed.request, events: Box::new(Channel(tx)), label: env.id.clone() };
     app.engine.submit(job).map_err(|e| ApiError::internal(e.to_string()))?;
 
     // The first event decides the status: a request that fails before emitting gets a 500.
@@ -126,7 +125,7 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
     }
     let mut stream = ChunkStream { rx, queue: VecDeque::new(), ended: false, env, include_usage: parsed.include_usage };
     if endpoint == Endpoint::Chat {
-        stream.queue.push_back(stream.env.role_chunk().to_string());
+        stream.queue.push_back(frame(&stream.env.role_chunk()));
     }
     stream.push(first);
     let events = futures_util::stream::unfold(stream, |mut s| async move {
@@ -146,6 +145,27 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
     Ok(Sse::new(events).into_response())
 }
 
+/// One SSE frame's JSON (serializing these bodies cannot fail: their keys are strings).
+fn frame(body: &impl Serialize) -> String {
+    serde_json::to_string(body).unwrap_or_else(|_| {
+        r#"{"error": {"message": "a chunk could not be serialized", "type": "server_error"}}"#.to_string()
+    })
+}
+
+/// A request's events, sent on a tokio channel to its handler (or its response stream).
+struct Channel(UnboundedSender<Event>);
+
+impl Events for Channel {
+    fn send(&self, event: Event) {
+        // A receiver that is gone is the engine's to notice (`is_closed`).
+        let _ = self.0.send(event);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
 /// Turns engine events into SSE frames.
 struct ChunkStream {
     rx: UnboundedReceiver<Event>,
@@ -160,21 +180,19 @@ impl ChunkStream {
         match ev {
             Event::Step(s) => {
                 if !s.text.is_empty() {
-                    self.queue.push_back(self.env.chunk(&s.text, None).to_string());
+                    self.queue.push_back(frame(&self.env.chunk(&s.text, None)));
                 }
             }
             Event::Done(o) => {
-                let mut last = self.env.chunk("", Some(o.finish.as_str()));
-                last["usage"] = crate::openai::usage(&o);
-                self.queue.push_back(last.to_string());
+                self.queue.push_back(frame(&self.env.last_chunk(&o)));
                 if self.include_usage {
-                    self.queue.push_back(self.env.usage_chunk(&o).to_string());
+                    self.queue.push_back(frame(&self.env.usage_chunk(&o)));
                 }
                 self.finish();
             }
             Event::Failed(m) => {
                 // The status line is already sent: the error travels as a chunk.
-                self.queue.push_back(ApiError::internal(m).body().to_string());
+                self.queue.push_back(frame(&ApiError::internal(m).body()));
                 self.finish();
             }
         }

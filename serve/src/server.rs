@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::engine::Engine;
-use crate::error::{Error, Result};
+use engine::{Engine, Error, Result};
+
 use crate::router::router;
 
 /// Serves `engine` on `listener` until `shutdown` completes, then drains and stops the engine.
@@ -49,7 +49,7 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    eprintln!("dspark serve: shutting down (finishing requests in flight)");
+    tracing::info!("shutting down (finishing requests in flight)");
 }
 
 /// Binds `addr`, reports the address it listens on through `on_listening`, and serves until a

@@ -296,7 +296,7 @@ async fn a_client_that_disconnects_mid_stream_cancels_its_generation() {
     drop(b);
     let n = e.counters();
     while n.cancelled.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "not cancelled: {}", n.snapshot());
+        assert!(t0.elapsed() < Duration::from_secs(10), "not cancelled: {:?}", n.snapshot());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let h = health(&app).await;

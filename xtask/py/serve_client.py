@@ -1,4 +1,4 @@
-"""The serve gate's client side: drives a running `dspark serve` with the official `openai`
+"""The serve gate's client side: drives a running `dspark-serve` with the official `openai`
 client and checks every text against what `dspark generate` printed for the same prompt,
 seed and parameters; sends malformed requests; runs a concurrent load test with clients that
 disconnect mid-stream; then checks that the server is healthy and idle and reports its RSS.

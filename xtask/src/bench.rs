@@ -557,8 +557,8 @@ pub fn round_breakdown(model_dir: &Path, drafter_dir: &Path, ctx: usize, reps: u
 /// outputs are identical. The speedup's min / median / max over prompts is what the README
 /// reports.
 pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
-    let dir = dspark::default_model::ensure(false)?;
-    let ddir = dspark::default_model::ensure_drafter(false)?;
+    let dir = engine::default_model::ensure(false)?;
+    let ddir = engine::default_model::ensure_drafter(false)?;
     let (model, resolved) = Model::load_as(&dir, ComputeDtype::Auto, Device::default_device()?)?;
     let (prompts, ids) = crate::train_default::test_prompt_ids(&dir, n)?;
     let samplers = [
@@ -652,8 +652,8 @@ fn held_out_config(max_tokens: usize, sampler: &SamplerConfig, i: usize) -> Gene
 pub fn schedules(n: usize, max_tokens: usize, passes: usize) -> Result<Value> {
     let passes = passes.max(1);
     use spec_decode::{Pruning, SpecConfig, ThroughputPlan};
-    let dir = dspark::default_model::ensure(false)?;
-    let ddir = dspark::default_model::ensure_drafter(false)?;
+    let dir = engine::default_model::ensure(false)?;
+    let ddir = engine::default_model::ensure_drafter(false)?;
     let (model, resolved) = Model::load_as(&dir, ComputeDtype::Auto, Device::default_device()?)?;
     let (_, ids) = crate::train_default::test_prompt_ids(&dir, n)?;
     let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;

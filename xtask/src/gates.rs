@@ -161,8 +161,8 @@ fn pruning_label(p: &Pruning) -> String {
 /// (`auto`) and as stored (bf16), decoding well past its sliding window: the rows of the
 /// table, then (accepted drafts, failures).
 fn default_pair_parity(tokens: usize) -> Result<(usize, Vec<String>)> {
-    let dir = dspark::default_model::ensure(false)?;
-    let ddir = dspark::default_model::ensure_drafter(false)?;
+    let dir = engine::default_model::ensure(false)?;
+    let ddir = engine::default_model::ensure_drafter(false)?;
     let p = crate::train_default::test_prompt_ids(&dir, 1)?.1.remove(0);
     let (mut accepted, mut failures) = (0, Vec::new());
     for dtype in [gemma4::ComputeDtype::Auto, gemma4::ComputeDtype::Stored] {
@@ -708,8 +708,8 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
 /// an expected count of at least 5 plus one pooled "other" cell; then the same test must
 /// reject a broken verifier that accepts every draft (its law is the drafter's).
 pub fn default_pair_distribution(n: usize) -> Result<Vec<String>> {
-    let dir = dspark::default_model::ensure(false)?;
-    let ddir = dspark::default_model::ensure_drafter(false)?;
+    let dir = engine::default_model::ensure(false)?;
+    let ddir = engine::default_model::ensure_drafter(false)?;
     let (model, resolved) = Model::load_as(&dir, gemma4::ComputeDtype::Auto, mlx_core::Device::default_device()?)?;
     let prompt = crate::train_default::test_prompt_ids(&dir, 1)?.1.remove(0);
     let mut drafter = spec_decode::load_drafter(&ddir, model.config())?;

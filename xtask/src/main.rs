@@ -67,7 +67,7 @@ enum Cmd {
         device: Device,
     },
     /// Rebuild the embedded default (tokenizer, target, drafter) from the Python standard
-    /// library and install it in dspark/default/ (about an hour on 2 cores).
+    /// library and install it in engine/default/ (about an hour on 2 cores).
     TrainDefault {
         #[arg(long, default_value_t = 0)]
         seed: u64,

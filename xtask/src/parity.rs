@@ -46,7 +46,7 @@ fn checkpoints(root: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
 /// The embedded default (trained on the standard library), on a held-out prompt, long enough
 /// to decode past its sliding window: as stored (bf16) and cast to f32.
 fn default_jobs(tokens: usize) -> Result<Vec<Job>> {
-    let dir = dspark::default_model::ensure(false)?;
+    let dir = engine::default_model::ensure(false)?;
     let prompt = crate::train_default::test_prompt_ids(&dir, 1)?.1.remove(0);
     let window = gemma4::TextConfig::from_dir(&dir)?.sliding_window;
     let max_tokens = tokens.max(window + 32);

@@ -1,4 +1,4 @@
-//! `cargo xtask gates --only serve`: `dspark serve` on the embedded default against the
+//! `cargo xtask gates --only serve`: `dspark-serve` on the embedded default against the
 //! official `openai` Python client. The texts `dspark generate` prints for a few prompts
 //! (completion and chat, greedy and seeded sampling) are the reference; the server, launched on
 //! a free port, must answer each of them with exactly that text, whole and streamed. Then
@@ -49,19 +49,24 @@ impl Drop for Server {
     }
 }
 
-/// Builds the `dspark` binary (`release`: optimized) and returns its path.
-pub(crate) fn dspark_binary(workspace: &Path, release: bool) -> Result<PathBuf> {
+/// Builds the binary of `package` (named as the package; `release`: optimized) and returns its
+/// path.
+pub(crate) fn workspace_binary(workspace: &Path, package: &str, release: bool) -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut args = vec!["build", "--quiet", "-p", "dspark"];
+    let mut args = vec!["build", "--quiet", "-p", package];
     if release {
         args.push("--release");
     }
-    let status = Command::new(cargo).args(&args).current_dir(workspace).status().context("building dspark")?;
+    let status = Command::new(cargo)
+        .args(&args)
+        .current_dir(workspace)
+        .status()
+        .with_context(|| format!("building {package}"))?;
     if !status.success() {
-        bail!("building dspark failed with {status}");
+        bail!("building {package} failed with {status}");
     }
     let profile = if release { "release" } else { "debug" };
-    let bin = crate::target_dir().join(profile).join(if cfg!(windows) { "dspark.exe" } else { "dspark" });
+    let bin = crate::target_dir().join(profile).join(format!("{package}{}", std::env::consts::EXE_SUFFIX));
     if !bin.is_file() {
         bail!("{} was not built", bin.display());
     }
@@ -91,15 +96,15 @@ fn reference(bin: &Path, home: &Path, c: &Case) -> Result<String> {
     Ok(text.strip_suffix('\n').unwrap_or(&text).to_string())
 }
 
-/// Starts `dspark serve` on a free port and returns it with its base URL.
-fn launch(bin: &Path, home: &Path) -> Result<(Server, String)> {
-    let mut child = Command::new(bin)
+/// Starts `dspark-serve` on a free port and returns it with its base URL.
+fn launch(server_bin: &Path, home: &Path) -> Result<(Server, String)> {
+    let mut child = Command::new(server_bin)
         .env("DSPARK_HOME", home)
-        .args(["serve", "--drafter", "default", "--host", "127.0.0.1", "--port", "0", "--max-concurrency", "4"])
+        .args(["--drafter", "default", "--host", "127.0.0.1", "--port", "0", "--max-concurrency", "4"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .context("starting dspark serve")?;
+        .context("starting dspark-serve")?;
     let stdout = child.stdout.take().context("the server's stdout")?;
     let server = Server(child);
     let (tx, rx) = mpsc::channel();
@@ -110,7 +115,7 @@ fn launch(bin: &Path, home: &Path) -> Result<(Server, String)> {
             }
         }
     });
-    let url = rx.recv_timeout(Duration::from_secs(180)).context("dspark serve did not start listening in 180 s")?;
+    let url = rx.recv_timeout(Duration::from_secs(180)).context("dspark-serve did not start listening in 180 s")?;
     Ok((server, url))
 }
 
@@ -119,7 +124,8 @@ pub fn serve_gate(root: &Path, venv: &Path) -> Result<()> {
     let t0 = Instant::now();
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let python = crate::venv::ensure_with(venv, &[OPENAI])?;
-    let bin = dspark_binary(&workspace, false)?;
+    let bin = workspace_binary(&workspace, "dspark", false)?;
+    let server_bin = workspace_binary(&workspace, "dspark-serve", false)?;
     let home = root.join("home");
     std::fs::create_dir_all(&home)?;
     let mut list = Vec::new();
@@ -135,7 +141,7 @@ pub fn serve_gate(root: &Path, venv: &Path) -> Result<()> {
     let cases_path = root.join("cases.json");
     std::fs::write(&cases_path, serde_json::to_vec_pretty(&list)?)?;
 
-    let (mut server, url) = launch(&bin, &home)?;
+    let (mut server, url) = launch(&server_bin, &home)?;
     eprintln!("serve gate: server at {url}");
     let script = workspace.join("xtask/py/serve_client.py");
     let status = Command::new(&python)

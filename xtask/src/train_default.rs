@@ -3,9 +3,9 @@
 //! drafter's training prompts (heads of, and windows inside, train-split files), the target's
 //! own greedy and sampled (T = 1) continuations of them (`dspark regen`), and the DSpark drafter
 //! trained on both (`dspark train`; greedy data alone leaves it blind to sampled contexts) —
-//! then copies the shipped files into `dspark/default/`. Every stage is seeded, so a seed gives
+//! then copies the shipped files into `engine/default/`. Every stage is seeded, so a seed gives
 //! the same files on a machine with the same Python, thread count and BLAS. Stage times are
-//! printed and recorded in `dspark/default/recipe.json`.
+//! printed and recorded in `engine/default/recipe.json`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -159,7 +159,7 @@ pub fn run(workspace: &Path, work: &Path, dest: &Path, recipe: &Recipe, from: &s
         .iter()
         .position(|s| *s == from)
         .with_context(|| format!("--from {from:?}: expected one of {STAGES:?}"))?;
-    let bin = crate::serve_gate::dspark_binary(workspace, true)?;
+    let bin = crate::serve_gate::workspace_binary(workspace, "dspark", true)?;
     std::fs::create_dir_all(work)?;
     let r = recipe;
     let s = |v: &dyn ToString| v.to_string();
@@ -360,5 +360,5 @@ pub fn install(target: &Path, drafter: &Path, dest: &Path) -> Result<()> {
 
 /// Where the shipped default lives in the workspace.
 pub fn default_dest(workspace: &Path) -> PathBuf {
-    workspace.join("dspark").join("default")
+    workspace.join("engine").join("default")
 }

@@ -1,34 +1,10 @@
-//! Fixtures shared by the serve tests: a tiny random target and a DSpark drafter fitted to it
-//! by counting (so drafts are sometimes accepted), written once per test binary.
+//! The engine the router tests serve: the engine crate's fixtures (a tiny random target and a
+//! drafter fitted to it).
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
-use gemma4::checkpoint::write_random_checkpoint;
-use gemma4::config::tiny_config_a;
-use gemma4::Model;
-use mlx_core::Dtype;
+pub use engine::testing::{drafter_dir, target_dir};
 use serve::{Engine, EngineConfig};
-
-pub fn target_dir() -> &'static PathBuf {
-    static T: OnceLock<PathBuf> = OnceLock::new();
-    T.get_or_init(|| {
-        let dir = gemma4::testing::scratch("serve-target");
-        write_random_checkpoint(&dir, &tiny_config_a(), 7, Dtype::Bf16, 1, true).expect("target checkpoint")
-    })
-}
-
-pub fn drafter_dir() -> &'static PathBuf {
-    static D: OnceLock<PathBuf> = OnceLock::new();
-    D.get_or_init(|| {
-        let m = Model::load(target_dir()).expect("target");
-        let prompts: Vec<Vec<u32>> = (0..4u32).map(|i| (0..5).map(|j| 4 + (i * 37 + j * 11) % 500).collect()).collect();
-        let d = spec_decode::dspark::fit_bigram_drafter(&m, "serve-test", &prompts, 48, 4).expect("fit");
-        d.save(&gemma4::testing::scratch("serve-drafter"), true).expect("save drafter")
-    })
-}
 
 /// An engine on the fixtures; speculative when `drafter`.
 pub fn engine(drafter: bool, max_concurrency: usize) -> Engine {

@@ -1,17 +1,14 @@
 //! Sessions against the library loops they are built from, and the prompt cache's exactness.
 
-mod common;
-
+use engine::prompt_cache::PromptCache;
+use engine::testing::{drafter_dir, target_dir};
+use engine::text::TextStream;
+use engine::{Outcome, Request, Session};
 use gemma4::generate::{generate, GenerateConfig};
 use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::Tokenizer;
 use gemma4::Model;
-use serve::prompt_cache::PromptCache;
-use serve::text::TextStream;
-use serve::{Outcome, Request, Session};
-use spec_decode::{load_drafter, speculative_generate, Drafter, Pruning, SpecConfig};
-
-use common::{drafter_dir, target_dir};
+use spec_decode::{load_drafter, speculative_generate, Drafter, Pruning, SpecConfig, SpecStats};
 
 fn samplers() -> Vec<(SamplerConfig, u64)> {
     vec![
@@ -78,8 +75,6 @@ fn sessions_decode_exactly_as_the_library_loops() {
     }
     assert!(accepted > 0, "the fitted drafter never had a draft accepted; the comparison is vacuous");
 }
-
-use spec_decode::SpecStats;
 
 /// Prompts sharing prefixes with `a` on a prefill grid of 4: `b` shares `a`'s first two chunks
 /// (8 tokens) and then differs; `c` repeats `a`; `d` has `a`'s head with another last token.

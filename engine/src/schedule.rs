@@ -1,17 +1,21 @@
-//! How `generate` (and `serve`) choose the verify window: `--schedule auto|full|throughput`,
-//! with `--min-conf` and `--calibrated` as manual overrides. The throughput schedule needs the
-//! drafter's STS temperatures for the request's mode (from `dspark calibrate`) and the model's
-//! verify-cost profile for this device and dtype (from `dspark profile`).
+//! How the front ends choose the verify window: `--schedule auto|full|throughput`, with
+//! `--min-conf` and `--calibrated` as manual overrides (`dspark generate`). The throughput
+//! schedule needs the drafter's STS temperatures for the request's mode (from `dspark
+//! calibrate`) and the model's verify-cost profile for this device and dtype (from `dspark
+//! profile`). `dspark generate` chooses for its one request; the engine chooses once per mode
+//! (greedy, sampled) for the requests that ask for no pruning of their own.
 
 use std::path::Path;
 
-use anyhow::{bail, Result};
 use gemma4::Model;
 use spec_decode::profile::{load, profile_key};
 use spec_decode::{Drafter, Pruning, ThroughputPlan};
 
+use crate::error::{Error, Result};
+
 /// `--schedule`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Schedule {
     /// The throughput schedule when the drafter is calibrated for this mode and the model has
     /// a profile for this device and dtype; full blocks otherwise.
@@ -24,7 +28,8 @@ pub enum Schedule {
     Throughput,
 }
 
-/// The pruning rule for a request, and a line saying what was chosen and why.
+/// The pruning rule for requests of one mode (`greedy` or sampled), and a line saying what was
+/// chosen and why.
 pub fn choose(
     schedule: Schedule,
     manual: Option<Pruning>,
@@ -36,7 +41,7 @@ pub fn choose(
 ) -> Result<(Pruning, String)> {
     if let Some(p) = manual {
         if schedule == Schedule::Throughput {
-            bail!("--schedule throughput chooses the window itself; drop --min-conf / --calibrated");
+            return Err(Error::ThroughputWithManualPruning);
         }
         return Ok((p, "manual confidence pruning".into()));
     }
@@ -76,7 +81,7 @@ pub fn choose(
                     model_dir.display()
                 ));
             }
-            bail!("--schedule throughput: {}", missing.join("; "))
+            Err(Error::ThroughputUnavailable { missing })
         }
         (t, _) => Ok((
             Pruning::Off,

@@ -35,25 +35,6 @@ pub struct Request {
     pub pruning: Pruning,
 }
 
-/// Why a session ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Finish {
-    /// A stop token or a stop string.
-    Stop,
-    /// The token budget was used up.
-    Length,
-}
-
-impl Finish {
-    /// OpenAI's `finish_reason`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-        }
-    }
-}
-
 /// What one step emitted.
 #[derive(Clone, Debug, Default)]
 pub struct StepOut {
@@ -61,8 +42,8 @@ pub struct StepOut {
     pub tokens: Vec<u32>,
     /// Text released by this step (empty without a tokenizer).
     pub text: String,
-    /// Set once the session has ended.
-    pub finished: Option<Finish>,
+    /// Set once the session has ended (a stop string counts as [`FinishReason::Stop`]).
+    pub finished: Option<FinishReason>,
 }
 
 /// A finished session.
@@ -70,7 +51,7 @@ pub struct StepOut {
 pub struct Outcome {
     pub tokens: Vec<u32>,
     pub text: String,
-    pub finish: Finish,
+    pub finish: FinishReason,
     pub prompt_tokens: usize,
     /// Prompt tokens whose prefill was taken from the prompt cache.
     pub cached_tokens: usize,
@@ -102,7 +83,7 @@ pub struct Session<'m, 't> {
     text: Option<TextStream<'t>>,
     stop_tokens: Vec<u32>,
     tokens: Vec<u32>,
-    finish: Option<Finish>,
+    finish: Option<FinishReason>,
     prompt_tokens: usize,
     cached_tokens: usize,
     prefill_ms: f64,
@@ -174,7 +155,7 @@ impl<'m, 't> Session<'m, 't> {
     }
 
     /// Whether the session has ended.
-    pub fn finished(&self) -> Option<Finish> {
+    pub fn finished(&self) -> Option<FinishReason> {
         self.finish
     }
 
@@ -186,10 +167,10 @@ impl<'m, 't> Session<'m, 't> {
         }
         let mut new = Vec::new();
         let ended = match (&mut self.decoding, drafter) {
-            (Decoding::Spec(r), Some(d)) => r.round(target, d, |t| new.push(t))?.map(finish_of),
+            (Decoding::Spec(r), Some(d)) => r.round(target, d, |t| new.push(t))?,
             (Decoding::Plain(dec), None) => match dec.next_step()? {
-                None => Some(Finish::Length),
-                Some(s) if self.stop_tokens.contains(&s.token) => Some(Finish::Stop),
+                None => Some(FinishReason::Length),
+                Some(s) if self.stop_tokens.contains(&s.token) => Some(FinishReason::Stop),
                 Some(s) => {
                     new.push(s.token);
                     None
@@ -213,7 +194,7 @@ impl<'m, 't> Session<'m, 't> {
                 let p = ts.push(t)?;
                 out.text.push_str(&p.text);
                 if p.stopped {
-                    out.finished = Some(Finish::Stop);
+                    out.finished = Some(FinishReason::Stop);
                     break;
                 }
             }
@@ -240,7 +221,7 @@ impl<'m, 't> Session<'m, 't> {
         Outcome {
             text: self.text.as_ref().map(|t| t.text().to_string()).unwrap_or_default(),
             tokens: self.tokens,
-            finish: self.finish.unwrap_or(Finish::Length),
+            finish: self.finish.unwrap_or(FinishReason::Length),
             prompt_tokens: self.prompt_tokens,
             cached_tokens: self.cached_tokens,
             speculation,
@@ -263,12 +244,5 @@ impl<'m, 't> Session<'m, 't> {
                 return Ok(self.finish());
             }
         }
-    }
-}
-
-fn finish_of(f: FinishReason) -> Finish {
-    match f {
-        FinishReason::Stop => Finish::Stop,
-        FinishReason::Length => Finish::Length,
     }
 }

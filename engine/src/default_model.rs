@@ -1,14 +1,15 @@
 //! The embedded default: a small Gemma-4 trained by this project on the Python standard
 //! library's source, with its byte-level BPE tokenizer and its trained DSpark drafter
-//! (`cargo xtask train-default` rebuilds all three; `dspark/default/recipe.json` records how).
-//! The files are compiled into the binary and written to a cache directory on first use, so
-//! `dspark generate` works on a fresh machine with no downloads.
+//! (`cargo xtask train-default` rebuilds all three; `engine/default/recipe.json` records how).
+//! The files are compiled into the binaries (`dspark`, `dspark-serve`) and written to a cache
+//! directory on first use, so both work on a fresh machine with no downloads.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
 use gemma4::checkpoint::StagedDir;
+
+use crate::error::{Error, Result};
 
 /// Bumped when the default's contents change, so stale caches are rebuilt.
 const VERSION: u32 = 2;
@@ -49,11 +50,12 @@ fn materialize(dir: PathBuf, files: &[Embedded], what: &str, force: bool) -> Res
     if !force && is_current(&dir, files) {
         return Ok(dir);
     }
+    // Both front ends print this notice: writing 17 MB is worth a line.
     eprintln!("dspark: writing the embedded default {what} to {} (once)", dir.display());
-    let staged = StagedDir::new(&dir, true).with_context(|| format!("preparing {}", dir.display()))?;
+    let staged = StagedDir::new(&dir, true)?;
     for (name, bytes) in files {
         let path = staged.path().join(name);
-        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+        std::fs::write(&path, bytes).map_err(|source| Error::Io { path: path.clone(), source })?;
     }
     Ok(staged.commit()?)
 }

@@ -2,11 +2,15 @@
 //! the thread that made them) and a pool of drafters, one per concurrent session. Requests
 //! arrive through a channel and are admitted in arrival order while fewer than
 //! `max_concurrency` sessions are active; the active sessions then advance one round each in
-//! turn. Each session's output goes back through its own tokio channel; a session whose
+//! turn. Each session's output goes back through its own [`Events`] channel (the server's is
+//! an async one; this crate names none, so the CLI links no async runtime); a session whose
 //! receiver is gone (the client disconnected) is dropped before its next round.
 //!
 //! Every request's start and every round run under `catch_unwind`: a failure, even a panic,
 //! ends that request with an error event and the worker goes on.
+//!
+//! The worker logs each request's end through `tracing` (the server's binary prints it), with
+//! the request's label in the `request` field.
 //!
 //! Batching next: the per-round loop below already holds every active session's state
 //! ([`Session`]: caches, drafter context, sampler keys, stats) apart from the models, so
@@ -25,10 +29,10 @@ use gemma4::chat_template::ChatTemplate;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::{ComputeDtype, Model, TextConfig};
 use spec_decode::{Drafter, Pruning};
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::{Error, Result};
 use crate::prompt_cache::PromptCache;
+use crate::schedule::{choose, Schedule};
 use crate::session::{Outcome, Request, Session, StepOut};
 
 /// How the engine is set up.
@@ -107,11 +111,19 @@ pub enum Event {
     Failed(String),
 }
 
+/// Where a job's events go: the sending half of a channel whose receiver is the client.
+pub trait Events: Send {
+    /// Sends one event; an event for a receiver that is gone is dropped.
+    fn send(&self, event: Event);
+    /// Whether the receiver is gone: the engine then cancels the job.
+    fn is_closed(&self) -> bool;
+}
+
 /// A request for the worker.
 pub struct Job {
     pub request: Request,
-    /// Where the events go; dropping the receiver cancels the request.
-    pub events: UnboundedSender<Event>,
+    /// Where the events go; dropping their receiver cancels the request.
+    pub events: Box<dyn Events>,
     /// Names the request in the log.
     pub label: String,
 }
@@ -129,14 +141,27 @@ pub struct Counters {
     pub failed: AtomicUsize,
 }
 
+/// The request counts at one moment (`/health`'s `requests`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RequestCounts {
+    pub queued: usize,
+    pub active: usize,
+    pub completed: usize,
+    pub cancelled: usize,
+    pub failed: usize,
+}
+
 impl Counters {
-    /// The counts as JSON.
-    pub fn snapshot(&self) -> serde_json::Value {
+    /// The counts now.
+    pub fn snapshot(&self) -> RequestCounts {
         let g = |c: &AtomicUsize| c.load(Ordering::Relaxed);
-        serde_json::json!({
-            "queued": g(&self.queued), "active": g(&self.active), "completed": g(&self.completed),
-            "cancelled": g(&self.cancelled), "failed": g(&self.failed),
-        })
+        RequestCounts {
+            queued: g(&self.queued),
+            active: g(&self.active),
+            completed: g(&self.completed),
+            cancelled: g(&self.cancelled),
+            failed: g(&self.failed),
+        }
     }
 }
 
@@ -271,21 +296,14 @@ type Plans = [Option<spec_decode::ThroughputPlan>; 2];
 
 fn plans(cfg: &EngineConfig, model: &Model, drafter: Option<&dyn Drafter>, device: mlx_core::Device) -> Result<Plans> {
     let mut plans: Plans = [None, None];
-    let Some(d) = drafter.filter(|_| cfg.throughput_schedule) else { return Ok(plans) };
-    let key = spec_decode::profile::profile_key(device, model);
-    let profile = spec_decode::profile::load(&cfg.model_dir, &key)
-        .map_err(|e| Error::Load { path: cfg.model_dir.clone(), detail: e.to_string() })?;
+    let Some(d) = drafter else { return Ok(plans) };
+    let schedule = if cfg.throughput_schedule { Schedule::Auto } else { Schedule::Full };
     for (slot, greedy) in plans.iter_mut().zip([true, false]) {
-        if let (Some(t), Some(p)) = (d.sts(greedy), &profile) {
-            *slot = Some(spec_decode::ThroughputPlan::new(t, p.round_cost(greedy, true)));
+        let (pruning, line) = choose(schedule, None, d, model, &cfg.model_dir, device, greedy)?;
+        if let Pruning::Throughput(plan) = pruning {
+            *slot = Some(plan);
         }
-        let mode = if greedy { "greedy" } else { "sampled" };
-        let how = match (&slot, &profile) {
-            (Some(_), _) => format!("throughput schedule (profile {key})"),
-            (None, None) => format!("full blocks (no verify-cost profile for {key}: `dspark profile`)"),
-            (None, Some(_)) => format!("full blocks (the drafter has no {mode} calibration: `dspark calibrate`)"),
-        };
-        eprintln!("dspark serve: {mode} requests: {how}");
+        tracing::info!("{} requests: {line}", if greedy { "greedy" } else { "sampled" });
     }
     Ok(plans)
 }
@@ -326,8 +344,9 @@ fn load(cfg: &EngineConfig) -> Result<Loaded> {
 
 fn log_done(label: &str, o: &Outcome, wall_ms: f64) {
     let tau = o.speculation.as_ref().map_or_else(|| "-".to_string(), |s| format!("{:.2}", s.tau()));
-    eprintln!(
-        "dspark serve: {label} | prompt {} tokens ({} cached) | completion {} tokens | {:.1} tok/s | τ {tau} | finish {} | {:.0} ms",
+    tracing::info!(
+        request = %label,
+        "prompt {} tokens ({} cached) | completion {} tokens | {:.1} tok/s | τ {tau} | finish {} | {:.0} ms",
         o.prompt_tokens,
         o.cached_tokens,
         o.tokens.len(),
@@ -377,12 +396,12 @@ fn worker(
             };
             dec(&n.queued);
             if job.events.is_closed() {
-                eprintln!("dspark serve: {} | cancelled while queued", job.label);
+                tracing::info!(request = %job.label, "cancelled while queued");
                 inc(&n.cancelled);
                 continue;
             }
             let Some(slot) = free.pop() else {
-                let _ = job.events.send(Event::Failed("no free session slot".into()));
+                job.events.send(Event::Failed("no free session slot".into()));
                 inc(&n.failed);
                 break;
             };
@@ -400,9 +419,9 @@ fn worker(
                     active.push(Active { job, session, slot, t0 });
                 }
                 Err(e) => {
-                    eprintln!("dspark serve: {} | failed: {e}", job.label);
+                    tracing::warn!(request = %job.label, "failed: {e}");
                     inc(&n.failed);
-                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    job.events.send(Event::Failed(e.to_string()));
                     free.push(slot);
                 }
             }
@@ -414,7 +433,7 @@ fn worker(
             if a.job.events.is_closed() {
                 let a = active.remove(i);
                 let o = a.session.finish();
-                eprintln!("dspark serve: {} | cancelled by the client after {} tokens", a.job.label, o.tokens.len());
+                tracing::info!(request = %a.job.label, "cancelled by the client after {} tokens", o.tokens.len());
                 dec(&n.active);
                 inc(&n.cancelled);
                 free.push(a.slot);
@@ -425,7 +444,7 @@ fn worker(
                 Ok(out) => {
                     let done = out.finished.is_some();
                     if !out.tokens.is_empty() || !out.text.is_empty() {
-                        let _ = a.job.events.send(Event::Step(out));
+                        a.job.events.send(Event::Step(out));
                     }
                     if done {
                         let a = active.remove(i);
@@ -433,17 +452,17 @@ fn worker(
                         log_done(&a.job.label, &o, a.t0.elapsed().as_secs_f64() * 1e3);
                         dec(&n.active);
                         inc(&n.completed);
-                        let _ = a.job.events.send(Event::Done(Box::new(o)));
+                        a.job.events.send(Event::Done(Box::new(o)));
                         free.push(a.slot);
                         continue;
                     }
                 }
                 Err(e) => {
                     let a = active.remove(i);
-                    eprintln!("dspark serve: {} | failed: {e}", a.job.label);
+                    tracing::warn!(request = %a.job.label, "failed: {e}");
                     dec(&n.active);
                     inc(&n.failed);
-                    let _ = a.job.events.send(Event::Failed(e.to_string()));
+                    a.job.events.send(Event::Failed(e.to_string()));
                     free.push(a.slot);
                     continue;
                 }

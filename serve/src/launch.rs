@@ -1,0 +1,113 @@
+//! `dspark-serve` (and `dspark serve`, which runs it): the command line of the server. Flags are
+//! checked first, then the model (and drafters) load and the server runs until SIGINT/SIGTERM.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use engine::selection::{drafter_choice, drafter_dir, select_target};
+use engine::{Engine, EngineConfig, Error, Result, Schedule};
+use mlx_core::Device;
+
+/// Arguments of `dspark-serve`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (config.json, model*.safetensors, tokenizer.json). Default: the
+    /// embedded tiny model.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Decode speculatively with this drafter: a DSpark or DeepSpec checkpoint directory, or
+    /// `default` for the embedded default drafter, or `none` for plain decoding. Absent: the
+    /// default drafter with the default model, plain decoding with --model.
+    #[arg(long)]
+    drafter: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests decoded at once; more wait in arrival order. Each speculative one holds its own
+    /// drafter copy.
+    #[arg(long, default_value_t = 4)]
+    max_concurrency: usize,
+    /// Drafts per round (default: the drafter's block size). Needs a drafter.
+    #[arg(long)]
+    gamma: Option<usize>,
+    /// Prompt prefix states kept for reuse (0 turns the prompt cache off).
+    #[arg(long, default_value_t = 8)]
+    prompt_cache: usize,
+    /// Prefill chunk size in tokens (the prompt cache reuses prefixes on this grid).
+    #[arg(long, default_value_t = 2048)]
+    prefill_step: usize,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = crate::DEFAULT_BODY_LIMIT)]
+    max_body_bytes: usize,
+    /// The model id clients name (default: the checkpoint directory's name).
+    #[arg(long)]
+    model_id: Option<String>,
+    /// cpu or gpu (Metal on Apple Silicon, CUDA with the mlx-cuda wheels).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
+    /// Compute dtype, as for `dspark generate` (auto: f32 on the CPU when it fits).
+    #[arg(long, default_value = "auto")]
+    dtype: gemma4::ComputeDtype,
+    /// Verify windows: `auto` uses the throughput schedule for requests of a mode the drafter
+    /// is calibrated for when the model has a verify-cost profile for this device (`dspark
+    /// calibrate`, `dspark profile`); `full` verifies whole blocks.
+    #[arg(long, value_enum, default_value = "auto")]
+    schedule: Schedule,
+}
+
+fn refuse(what: &'static str, detail: &str) -> Error {
+    Error::Settings { what, detail: detail.into() }
+}
+
+/// Checks the flags, loads the model (and drafters), then serves until SIGINT/SIGTERM;
+/// `on_listening` gets the address once the server listens.
+pub fn run(a: Args, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
+    if a.max_concurrency == 0 {
+        return Err(refuse("--max-concurrency", "must be at least 1"));
+    }
+    if a.prefill_step == 0 {
+        return Err(refuse("--prefill-step", "must be at least 1"));
+    }
+    let throughput_schedule = match a.schedule {
+        Schedule::Auto => true,
+        Schedule::Full => false,
+        Schedule::Throughput => {
+            return Err(refuse(
+                "--schedule throughput",
+                "the server uses it per request mode where it can (auto) — pass auto or full",
+            ))
+        }
+    };
+    let drafter_arg = drafter_choice(a.model.as_deref(), a.drafter.as_deref());
+    if drafter_arg.is_none() && a.gamma.is_some() {
+        return Err(refuse("--gamma", "needs a drafter (--drafter DIR, or the default model's own drafter)"));
+    }
+    let dir = select_target(a.model.as_deref(), drafter_arg, a.device)?;
+    let model_id = match a.model_id {
+        Some(id) => id,
+        None if a.model.is_none() => "dspark-default".to_string(),
+        None => dir.file_name().map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned()),
+    };
+    let mut cfg = EngineConfig::new(dir.clone(), model_id);
+    cfg.drafter_dir = drafter_arg.map(drafter_dir).transpose()?;
+    cfg.max_concurrency = a.max_concurrency;
+    cfg.gamma = a.gamma;
+    cfg.prompt_cache = a.prompt_cache;
+    cfg.prefill_step = a.prefill_step;
+    cfg.dtype = a.dtype;
+    cfg.throughput_schedule = throughput_schedule;
+    tracing::info!("loading {}", dir.display());
+    let engine = Engine::start(cfg)?;
+    let info = engine.info();
+    tracing::info!(
+        "model '{}' | {} | context {} | {} session(s) at once",
+        info.id,
+        if info.speculative { "speculative" } else { "plain decoding" },
+        info.context,
+        a.max_concurrency
+    );
+    crate::server::run(engine, SocketAddr::new(a.host, a.port), a.max_body_bytes, on_listening)
+}
