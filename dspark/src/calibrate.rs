@@ -41,9 +41,8 @@ const PROMPT_SEED: u64 = 0xca1b;
 /// range checks can say what is allowed.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Target checkpoint (default: the embedded default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    model: engine::args::TargetArg,
     /// Drafter checkpoint to calibrate, DSpark or DeepSpec with a confidence head (`default`:
     /// the embedded default drafter, which needs --out).
     #[arg(long)]
@@ -134,7 +133,7 @@ fn check_flags(a: &Args) -> Result<()> {
         crate::paths::check_output_file(path, "--plot")?;
     }
     if a.drafter == "default" {
-        if let Some(m) = &a.model {
+        if let Some(m) = &a.model.model {
             bail!(
                 "--drafter default is the embedded default model's drafter and is only calibrated against that model, \
                  not --model {}; pass your own drafter directory",
@@ -282,11 +281,11 @@ fn copy_drafter(from: &Path, out: &Path) -> Result<()> {
 /// calibration is written into the drafter checkpoint.
 pub fn run(a: Args) -> Result<()> {
     check_flags(&a)?;
-    if let Some(m) = &a.model {
+    if let Some(m) = &a.model.model {
         crate::paths::refuse_drafter_as_model(m, "--model")?;
     }
-    let default_model = a.model.is_none();
-    let model_dir = match &a.model {
+    let default_model = a.model.model.is_none();
+    let model_dir = match &a.model.model {
         Some(d) => d.clone(),
         None => crate::default_model::ensure(false)?,
     };
@@ -328,7 +327,8 @@ pub fn run(a: Args) -> Result<()> {
     // The files next to the result are written first and the drafter last, so a failure on
     // any of them leaves the drafter as it was and the run can simply be repeated.
     if let Some(path) = &a.rounds_out {
-        crate::paths::write_atomically(path, rounds_text(&run.rounds)?.as_bytes())?;
+        mlx_core::files::write_atomic(path, rounds_text(&run.rounds)?.as_bytes())
+            .with_context(|| format!("writing --rounds-out {}", path.display()))?;
         println!("rounds written to {}", path.display());
     }
     let mut panels = Vec::new();

@@ -1,8 +1,6 @@
 //! `dspark doctor`: what this build runs on — MLX, devices, the BLAS behind f32 matmuls and
 //! whether it is in effect, memory, and what `--dtype auto` would choose for a model.
 
-use std::path::PathBuf;
-
 use anyhow::{Context, Result};
 use gemma4::ComputeDtype;
 use mlx_core::blas;
@@ -11,9 +9,9 @@ use mlx_core::Device;
 /// Arguments of `dspark doctor`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Also say what `--dtype auto` picks for this checkpoint (default: the embedded model).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    // The report also says what `--dtype auto` picks for this checkpoint.
+    #[command(flatten)]
+    target: engine::args::TargetArg,
 }
 
 /// Prints the report; fails only when nothing can run (no CPU backend).
@@ -56,7 +54,7 @@ pub fn run(a: Args) -> Result<()> {
         println!("OPENBLAS_NUM_THREADS={threads}");
     }
     println!("CPU threads: {}", std::thread::available_parallelism().map_or(0, |n| n.get()));
-    let dir = match a.model {
+    let dir = match a.target.model {
         Some(d) => d,
         None => crate::default_model::ensure(false)?,
     };

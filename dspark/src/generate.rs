@@ -5,23 +5,21 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use engine::args::{ComputeArgs, DrafterArg, TargetArg};
 use engine::chat::{chat_ids, text_ids, user_message};
 use engine::{Request, Session};
 use gemma4::chat_template::ChatTemplate;
 use gemma4::generate::{generate, GenerateConfig};
 use gemma4::sampling::SamplerConfig;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
-use gemma4::{ComputeDtype, Model};
-use mlx_core::Device;
+use gemma4::Model;
 
 /// Arguments of `dspark generate`. Numeric options accept negative values at parse time so the
 /// range checks can say what is allowed.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json, model*.safetensors, tokenizer.json). Default: the
-    /// embedded default (a small Gemma-4 trained on the Python standard library).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    #[command(flatten)]
+    target: TargetArg,
     /// Prompt text (encoded with the checkpoint's tokenizer.json). Default: "def fibonacci(n):".
     #[arg(long, conflicts_with_all = ["tokens", "prompt_file"])]
     prompt: Option<String>,
@@ -35,7 +33,7 @@ pub struct Args {
     #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.0, value_parser = engine::args::temperature, allow_negative_numbers = true)]
     temperature: f64,
     /// Nucleus sampling mass (0 or 1 disables).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
@@ -52,20 +50,10 @@ pub struct Args {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// cpu or gpu (Metal on Apple Silicon, CUDA with the mlx-cuda wheels).
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    /// Compute dtype: auto (f32 on the CPU when the weights fit in half the free memory,
-    /// quantized weights dequantized, a quantized drafter's too; as stored on a GPU), stored,
-    /// f32, bf16 or f16. Files on disk are not changed.
-    #[arg(long, default_value = "auto")]
-    dtype: ComputeDtype,
-    /// Speculative decoding with this drafter: a DSpark (dspark.json) or DeepSpec
-    /// (Gemma4DSparkModel) checkpoint directory, `default` for the embedded default drafter, or
-    /// `self` (the target drafting for itself; a test drafter), or `none` for plain decoding.
-    /// Absent: the default drafter with the default model, plain decoding with --model.
-    #[arg(long)]
-    drafter: Option<String>,
+    #[command(flatten)]
+    compute: ComputeArgs,
+    #[command(flatten)]
+    drafter: DrafterArg,
     /// Drafts per round (default: the drafter's block size). Needs a drafter.
     #[arg(long, allow_negative_numbers = true)]
     gamma: Option<usize>,
@@ -136,9 +124,6 @@ pub fn run(a: Args) -> Result<()> {
     };
     // Ranges first, before anything is loaded or written (top_k is checked against the
     // vocabulary once the model is loaded).
-    if let Err(e) = gemma4::sampling::check_temperature(a.temperature) {
-        bail!("--temperature: {e}");
-    }
     sampler.validate_ranges()?;
     let parsed_tokens = a.tokens.as_deref().map(parse_ids).transpose()?;
     let prompt_text = match (&a.prompt, &a.prompt_file) {
@@ -150,7 +135,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--chat renders a text prompt as a chat message; give --prompt or --prompt-file");
     }
     // The default model comes with its drafter; `--drafter none` decodes plainly.
-    let drafter_arg = crate::paths::drafter_choice(a.model.as_deref(), a.drafter.as_deref());
+    let drafter_arg = crate::paths::drafter_choice(a.target.model.as_deref(), a.drafter.drafter.as_deref());
     if drafter_arg.is_none() {
         for (set, flag) in [
             (a.gamma.is_some(), "--gamma"),
@@ -164,9 +149,9 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
-    let dir = crate::paths::select_target(a.model.as_deref(), drafter_arg, a.device)?;
-    let (model, resolved) =
-        Model::load_as(&dir, a.dtype, a.device).with_context(|| format!("loading the model in {}", dir.display()))?;
+    let dir = crate::paths::select_target(a.target.model.as_deref(), drafter_arg, a.compute.device)?;
+    let (model, resolved) = Model::load_as(&dir, a.compute.dtype, a.compute.device)
+        .with_context(|| format!("loading the model in {}", dir.display()))?;
     eprintln!("dspark: loaded {} computing in {}", dir.display(), resolved.describe());
     if let Err(e) = gemma4::sampling::check_top_k(a.top_k, model.config().vocab_size) {
         bail!("--top-k: {e}");
@@ -228,7 +213,8 @@ pub fn run(a: Args) -> Result<()> {
     let pruning = match &drafter {
         Some(d) => {
             let greedy = cfg.sampler.is_greedy();
-            let (p, line) = crate::schedule::choose(a.schedule, manual, d.as_ref(), &model, &dir, a.device, greedy)?;
+            let (p, line) =
+                crate::schedule::choose(a.schedule, manual, d.as_ref(), &model, &dir, a.compute.device, greedy)?;
             eprintln!("dspark: {line}");
             p
         }

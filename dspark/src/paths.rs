@@ -24,19 +24,6 @@ pub enum OutDirError {
     Io { path: PathBuf, source: std::io::Error },
 }
 
-/// Writes `bytes` to `path` through a temporary sibling and a rename, so a reader never sees
-/// half a file.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        anyhow::anyhow!("moving {} to {}: {e}", tmp.display(), path.display())
-    })
-}
-
 /// Checks, before any work, that a file can later be written at `path`: it is not a directory,
 /// and its directory exists and takes new files (probed with a file created and removed).
 /// `flag` names the option in the error.

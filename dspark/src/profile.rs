@@ -3,23 +3,20 @@
 //! drafter's proposal of a block costs, and stores them next to the model, where `generate
 //! --schedule` finds them.
 
-use std::path::PathBuf;
-
 use anyhow::{bail, Context, Result};
-use gemma4::{ComputeDtype, Model, TapSet};
-use mlx_core::Device;
+use engine::args::{ComputeArgs, DrafterArg, TargetArg};
+use gemma4::{Model, TapSet};
 use spec_decode::profile::{measure, profile_key, store};
 
 /// Arguments of `dspark profile`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Target checkpoint (default: the embedded default model).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// The drafter whose taps the verify forward computes, and whose γ sets the longest window
-    /// (γ + 1). Default: the default model's drafter; `none` for no taps.
-    #[arg(long)]
-    drafter: Option<String>,
+    #[command(flatten)]
+    target: TargetArg,
+    // The drafter's taps are computed by the timed verify forward, and its γ sets the longest
+    // window (γ + 1); `none` times untapped windows.
+    #[command(flatten)]
+    drafter: DrafterArg,
     /// Longest verify window measured, in tokens (default: the drafter's γ + 1, else 9).
     #[arg(long, allow_negative_numbers = true)]
     max_n: Option<usize>,
@@ -29,12 +26,8 @@ pub struct Args {
     /// Timed repetitions per point (the median is stored).
     #[arg(long, default_value_t = 7, allow_negative_numbers = true)]
     repeats: usize,
-    /// cpu or gpu.
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    /// Compute dtype, as for `generate` (the profile is stored under the dtype it resolves to).
-    #[arg(long, default_value = "auto")]
-    dtype: ComputeDtype,
+    #[command(flatten)]
+    compute: ComputeArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -47,8 +40,8 @@ pub fn run(a: Args) -> Result<()> {
     if a.max_n.is_some_and(|n| !(2..=64).contains(&n)) {
         bail!("--max-n {}: expected 2 to 64 tokens", a.max_n.unwrap_or(0));
     }
-    let drafter_arg = crate::paths::drafter_choice(a.model.as_deref(), a.drafter.as_deref());
-    let dir = crate::paths::select_target(a.model.as_deref(), drafter_arg, a.device)?;
+    let drafter_arg = crate::paths::drafter_choice(a.target.model.as_deref(), a.drafter.drafter.as_deref());
+    let dir = crate::paths::select_target(a.target.model.as_deref(), drafter_arg, a.compute.device)?;
     // The cache must hold the context and the longest window: checked on config.json alone,
     // before the weights load.
     let positions = gemma4::TextConfig::from_dir(&dir)
@@ -63,8 +56,8 @@ pub fn run(a: Args) -> Result<()> {
             positions.saturating_sub(shortest)
         );
     }
-    let (model, resolved) =
-        Model::load_as(&dir, a.dtype, a.device).with_context(|| format!("loading the model in {}", dir.display()))?;
+    let (model, resolved) = Model::load_as(&dir, a.compute.dtype, a.compute.device)
+        .with_context(|| format!("loading the model in {}", dir.display()))?;
     let mut drafter = match drafter_arg {
         None => None,
         Some(d) => {
@@ -77,7 +70,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let taps = drafter.as_ref().map_or_else(TapSet::default, |d| d.taps());
     let max_n = a.max_n.unwrap_or_else(|| drafter.as_ref().map_or(9, |d| d.gamma() + 1)).max(2);
-    let key = profile_key(a.device, &model);
+    let key = profile_key(a.compute.device, &model);
     eprintln!(
         "dspark: profiling {} ({}, {key}) with {} tap point(s), windows 1..={max_n}, {} repeats after {} tokens",
         dir.display(),

@@ -15,6 +15,8 @@
 //!   which verify windows.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "clap")]
+pub mod args;
 pub mod chat;
 pub mod default_model;
 pub mod engine;

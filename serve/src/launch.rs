@@ -2,24 +2,18 @@
 //! checked first, then the model (and drafters) load and the server runs until SIGINT/SIGTERM.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 
+use engine::args::{ComputeArgs, DrafterArg, TargetArg};
 use engine::selection::{drafter_choice, drafter_dir, select_target};
 use engine::{Engine, EngineConfig, Error, Result, Schedule};
-use mlx_core::Device;
 
 /// Arguments of `dspark-serve`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Checkpoint directory (config.json, model*.safetensors, tokenizer.json). Default: the
-    /// embedded tiny model.
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Decode speculatively with this drafter: a DSpark or DeepSpec checkpoint directory, or
-    /// `default` for the embedded default drafter, or `none` for plain decoding. Absent: the
-    /// default drafter with the default model, plain decoding with --model.
-    #[arg(long)]
-    drafter: Option<String>,
+    #[command(flatten)]
+    target: TargetArg,
+    #[command(flatten)]
+    drafter: DrafterArg,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
@@ -45,12 +39,8 @@ pub struct Args {
     /// The model id clients name (default: the checkpoint directory's name).
     #[arg(long)]
     model_id: Option<String>,
-    /// cpu or gpu (Metal on Apple Silicon, CUDA with the mlx-cuda wheels).
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    /// Compute dtype, as for `dspark generate` (auto: f32 on the CPU when it fits).
-    #[arg(long, default_value = "auto")]
-    dtype: gemma4::ComputeDtype,
+    #[command(flatten)]
+    compute: ComputeArgs,
     /// Verify windows: `auto` uses the throughput schedule for requests of a mode the drafter
     /// is calibrated for when the model has a verify-cost profile for this device (`dspark
     /// calibrate`, `dspark profile`); `full` verifies whole blocks.
@@ -81,14 +71,14 @@ pub fn run(a: Args, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
             ))
         }
     };
-    let drafter_arg = drafter_choice(a.model.as_deref(), a.drafter.as_deref());
+    let drafter_arg = drafter_choice(a.target.model.as_deref(), a.drafter.drafter.as_deref());
     if drafter_arg.is_none() && a.gamma.is_some() {
         return Err(refuse("--gamma", "needs a drafter (--drafter DIR, or the default model's own drafter)"));
     }
-    let dir = select_target(a.model.as_deref(), drafter_arg, a.device)?;
+    let dir = select_target(a.target.model.as_deref(), drafter_arg, a.compute.device)?;
     let model_id = match a.model_id {
         Some(id) => id,
-        None if a.model.is_none() => "dspark-default".to_string(),
+        None if a.target.model.is_none() => "dspark-default".to_string(),
         None => dir.file_name().map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned()),
     };
     let mut cfg = EngineConfig::new(dir.clone(), model_id);
@@ -97,7 +87,7 @@ pub fn run(a: Args, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
     cfg.gamma = a.gamma;
     cfg.prompt_cache = a.prompt_cache;
     cfg.prefill_step = a.prefill_step;
-    cfg.dtype = a.dtype;
+    cfg.dtype = a.compute.dtype;
     cfg.throughput_schedule = throughput_schedule;
     tracing::info!("loading {}", dir.display());
     let engine = Engine::start(cfg)?;
