@@ -30,6 +30,7 @@
 //! read; the output is staged in a hidden temporary sibling and renamed into place only after
 //! the load smoke passes, so a failed or interrupted run leaves nothing that looks like a
 //! checkpoint.
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod error;
@@ -67,6 +68,7 @@ pub struct QuantizeOptions {
     pub group_size: u32,
     /// Replace a non-empty output directory.
     pub force: bool,
+    /// How the written checkpoint is checked before it is committed.
     pub smoke: Smoke,
     /// Largest safetensors shard written.
     pub shard_bytes: usize,
@@ -82,40 +84,60 @@ impl Default for QuantizeOptions {
 /// Progress events, in order: `Start`, one `Tensor` per source tensor, `Warning`s, `Smoke`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Progress {
+    /// The source is read and planned.
     Start {
+        /// The drafter's format.
         kind: DrafterKind,
+        /// Source tensors.
         tensors: usize,
+        /// Their total bytes.
         src_bytes: u64,
     },
+    /// One source tensor written, quantized or as is.
     Tensor {
+        /// 1-based position among the source tensors.
         index: usize,
+        /// Source tensors.
         total: usize,
+        /// The source tensor's name.
         name: String,
+        /// Its source shape.
         shape: Vec<i32>,
+        /// Its source dtype.
         dtype: Dtype,
+        /// Written as packed weight, scales and biases.
         quantized: bool,
+        /// Bytes in the source.
         src_bytes: u64,
+        /// Bytes written (all three arrays when quantized).
         dst_bytes: u64,
     },
+    /// A note from the plan or the smoke (a group size lowered, a matrix kept dense, …).
     Warning(String),
+    /// The smoke's result.
     Smoke(SmokeOutcome),
 }
 
 /// What a run wrote.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantReport {
+    /// The drafter's format.
     pub kind: DrafterKind,
+    /// Where the checkpoint was written.
     pub out_dir: PathBuf,
     /// Source tensors quantized (each written as weight + scales + biases).
     pub tensors_quantized: usize,
     /// Source tensors written unchanged.
     pub tensors_kept: usize,
-    /// Tensor bytes of the source and of the output.
+    /// Tensor bytes of the source.
     pub src_bytes: u64,
+    /// Tensor bytes of the output.
     pub dst_bytes: u64,
     /// Achieved bits per quantized weight, scales and biases included (4-bit, group 64: 4.5).
     pub bits_per_weight: f64,
+    /// Safetensors shards written.
     pub shards: usize,
+    /// What the load smoke did.
     pub smoke: SmokeOutcome,
 }
 

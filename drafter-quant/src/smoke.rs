@@ -39,15 +39,21 @@ pub enum Smoke {
 pub enum SmokeOutcome {
     /// One round drafted `drafts` tokens with `[drafts, vocab]` logits on `target`.
     Passed {
+        /// Name of the target the round ran on (its directory, or the built-in tiny config).
         target: String,
+        /// Drafts proposed (the drafter's γ).
         drafts: usize,
+        /// The target's vocabulary size.
         vocab: usize,
     },
     /// Reloaded through the loader and projected one context row; no draft round (no target).
     ContextOnly {
+        /// Why no round was drafted.
         reason: String,
     },
+    /// No smoke ran.
     Skipped {
+        /// Why (e.g. `disabled`).
         reason: String,
     },
 }

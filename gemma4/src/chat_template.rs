@@ -14,7 +14,9 @@ use crate::tokenizer::Tokenizer;
 #[derive(Debug, thiserror::Error)]
 #[error("{origin}: {detail}")]
 pub struct ChatTemplateError {
+    /// Where the template came from (a file path or the tokenizer config).
     pub origin: String,
+    /// MiniJinja's message.
     pub detail: String,
 }
 

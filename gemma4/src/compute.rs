@@ -73,6 +73,7 @@ impl Conversion {
 /// Why `Auto` chose what it chose, for the one line a CLI prints.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Resolved {
+    /// The cast/dequantization `Auto` chose.
     pub conversion: Conversion,
     /// Bytes the dense f32 copy of the weights takes.
     pub f32_bytes: u64,

@@ -14,8 +14,11 @@ use crate::sampling::{logprobs, Sampler, SamplerConfig};
 /// Settings of a generation.
 #[derive(Clone, Debug)]
 pub struct GenerateConfig {
+    /// Most tokens to generate (stop token excluded).
     pub max_tokens: usize,
+    /// Greedy or sampled decoding, and its filters.
     pub sampler: SamplerConfig,
+    /// Seed of the sampler's RNG.
     pub seed: u64,
     /// Prefill chunk size (mlx-lm's `prefill_step_size`, 2048).
     pub prefill_step: usize,
@@ -57,7 +60,9 @@ impl FinishReason {
 /// Timing and counts of one generation.
 #[derive(Clone, Debug, Default)]
 pub struct GenerateStats {
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Tokens generated (stop token excluded).
     pub generated_tokens: usize,
     /// Prompt processing through the first generated token.
     pub prefill_ms: f64,
@@ -89,8 +94,11 @@ impl GenerateStats {
 /// Result of `generate`.
 #[derive(Clone, Debug)]
 pub struct Generation {
+    /// Generated token ids, without the prompt or the stop token.
     pub tokens: Vec<u32>,
+    /// Why generation ended.
     pub finish: FinishReason,
+    /// Timing and counts.
     pub stats: GenerateStats,
 }
 
@@ -131,6 +139,7 @@ pub fn step_logits(model: &Model, cache: &mut Cache, token: &Array) -> Result<Ar
 /// One decoded token and the logprobs it was drawn from.
 #[derive(Clone, Debug)]
 pub struct Step {
+    /// The token id.
     pub token: u32,
     /// The (unfiltered) logprobs of this step // `[1, V]`
     pub logprobs: Array,

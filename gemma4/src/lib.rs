@@ -15,6 +15,7 @@
 //! println!("{}", tok.decode(&out.tokens)?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod attention;

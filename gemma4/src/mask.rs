@@ -9,7 +9,9 @@ use crate::error::Result;
 /// A mask for one forward, shared by every layer of a kind.
 #[derive(Clone, Debug)]
 pub enum AttnMask {
+    /// No mask: every query attends to every key (a single decode step).
     None,
+    /// Causal over the fused query/key positions, left to MLX's built-in causal mask.
     Causal,
     /// Bool `[L, S]`: true = attend.
     Array(Array),

@@ -11,9 +11,19 @@ use crate::error::Result;
 #[derive(Clone, Debug)]
 pub enum Rope {
     /// `nn.RoPE(dims, traditional=False, base=θ)`.
-    Default { dims: i32, base: f32 },
+    Default {
+        /// Rotated width (the whole head).
+        dims: i32,
+        /// Base frequency θ.
+        base: f32,
+    },
     /// Wavelengths `factor·θ^(2j/D)` for the rotated pairs and +inf (identity) for the rest.
-    Proportional { dims: i32, freqs: Array },
+    Proportional {
+        /// Head width the op spans.
+        dims: i32,
+        /// Per-pair wavelengths `[dims/2]`, +inf for pairs that do not rotate.
+        freqs: Array,
+    },
 }
 
 impl Rope {

@@ -15,19 +15,48 @@ use crate::TextConfig;
 pub enum TokenizerError {
     /// A file could not be read.
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
     /// `tokenizer.json` exists but the `tokenizers` library could not parse it.
     #[error("{}: not a valid tokenizer file: {detail}", path.display())]
-    Parse { path: PathBuf, detail: String },
+    Parse {
+        /// The `tokenizer.json` file.
+        path: PathBuf,
+        /// The library's message.
+        detail: String,
+    },
     /// `tokenizer_config.json` is not JSON, or one of its fields has the wrong type.
     #[error("{}: {detail}", path.display())]
-    Config { path: PathBuf, detail: String },
+    Config {
+        /// The `tokenizer_config.json` file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// Encoding text failed.
     #[error("{}: encoding {text:?}: {detail}", path.display())]
-    Encode { path: PathBuf, text: String, detail: String },
+    Encode {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// The text being encoded.
+        text: String,
+        /// The library's message.
+        detail: String,
+    },
     /// Decoding token ids failed.
     #[error("{}: decoding {count} token ids: {detail}", path.display())]
-    Decode { path: PathBuf, count: usize, detail: String },
+    Decode {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// Number of token ids.
+        count: usize,
+        /// The library's message.
+        detail: String,
+    },
 }
 
 impl From<TokenizerError> for crate::Error {
@@ -42,7 +71,9 @@ impl From<TokenizerError> for crate::Error {
 /// A special token of `tokenizer_config.json`: its text and, if the vocabulary has it, its id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpecialToken {
+    /// The token's text, e.g. `<eos>`.
     pub content: String,
+    /// Its id in the vocabulary; `None` when the vocabulary lacks it.
     pub id: Option<u32>,
 }
 

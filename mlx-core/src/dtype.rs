@@ -9,19 +9,33 @@ use crate::sys::ffi::DtypeCode;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Dtype {
+    /// Boolean, one byte per element.
     Bool,
+    /// Unsigned 8-bit integer.
     U8,
+    /// Unsigned 16-bit integer.
     U16,
+    /// Unsigned 32-bit integer; the packed word of quantized weights.
     U32,
+    /// Unsigned 64-bit integer.
     U64,
+    /// Signed 8-bit integer.
     I8,
+    /// Signed 16-bit integer.
     I16,
+    /// Signed 32-bit integer; token ids and indices.
     I32,
+    /// Signed 64-bit integer.
     I64,
+    /// IEEE half precision.
     F16,
+    /// IEEE single precision; the host-side type for logits, statistics and training state.
     F32,
+    /// IEEE double precision.
     F64,
+    /// bfloat16; the dtype Gemma-4 checkpoints and the compute path use.
     Bf16,
+    /// Complex of two f32s.
     C64,
 }
 
@@ -153,8 +167,11 @@ impl FromStr for Dtype {
 
 /// Host element types that can be copied in and out of arrays.
 pub trait Element: Copy + Default + 'static {
+    /// The MLX dtype matching this host type.
     const DTYPE: Dtype;
+    /// Decodes one element from its little-endian bytes (`b.len()` = the element's size).
     fn from_le_bytes(b: &[u8]) -> Self;
+    /// Appends this element's little-endian bytes to `out`.
     fn extend_le_bytes(self, out: &mut Vec<u8>);
 }
 

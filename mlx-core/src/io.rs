@@ -12,7 +12,9 @@ use crate::sys::ffi;
 /// Tensors of one file, by name, plus the header's `__metadata__`.
 #[derive(Debug, Default)]
 pub struct SafetensorsFile {
+    /// Tensors by name, lazily backed by the file.
     pub tensors: BTreeMap<String, Array>,
+    /// String pairs from the header's `__metadata__` (empty when absent).
     pub metadata: BTreeMap<String, String>,
 }
 

@@ -10,6 +10,7 @@
 //! assert_eq!(Array::scalar(39.1918, Dtype::Bf16)?.to_f32_vec()?, vec![39.25]); // weak scalar
 //! # Ok::<(), mlx_core::Error>(())
 //! ```
+#![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 mod array;

@@ -50,9 +50,13 @@ impl QuantSpec {
 /// `[out, in/group_size]` in the source dtype.
 #[derive(Clone, Debug)]
 pub struct Quantized {
+    /// Packed uint32 words, `[out, in·bits/32]`.
     pub weight: Array,
+    /// One scale per group, `[out, in/group_size]`.
     pub scales: Array,
+    /// One bias (offset) per group, `[out, in/group_size]`.
     pub biases: Array,
+    /// Bits per element and group size the matrix was quantized with.
     pub spec: QuantSpec,
 }
 

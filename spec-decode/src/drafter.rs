@@ -19,7 +19,12 @@ pub enum DraftSampling<'a> {
     Greedy,
     /// Drawn from the processed draft distribution (the same processing as the target's), one
     /// key per drafted position.
-    Sample { cfg: &'a SamplerConfig, keys: &'a mut KeyChain },
+    Sample {
+        /// The target's sampler settings (temperature and filters).
+        cfg: &'a SamplerConfig,
+        /// The drafter's key chain; each call to `uniforms` takes the next key.
+        keys: &'a mut KeyChain,
+    },
 }
 
 impl DraftSampling<'_> {
@@ -71,10 +76,12 @@ pub struct DraftRequest<'a> {
     pub position: usize,
     /// Upper bound on the drafts returned (1..=γ).
     pub max_drafts: usize,
+    /// Greedy or sampled drafting, matching the target's verify mode.
     pub sampling: DraftSampling<'a>,
     /// The target and its cache as of the committed context (read-only), for drafters that
     /// run the target itself.
     pub target: &'a Model,
+    /// The target's cache, read-only, matching `target`.
     pub target_cache: &'a Cache,
 }
 

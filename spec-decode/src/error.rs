@@ -6,10 +6,13 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The target model failed (loading, forward, cache).
     #[error(transparent)]
     Target(#[from] gemma4::Error),
+    /// An MLX op failed.
     #[error(transparent)]
     Mlx(#[from] mlx_core::Error),
+    /// The verifier refused its inputs.
     #[error(transparent)]
     Accept(#[from] crate::verify::accept::AcceptError),
     /// A drafter's `config.json` is malformed (the error names the file and the key).
@@ -17,18 +20,39 @@ pub enum Error {
     Config(#[from] gemma4::config::ConfigError),
     /// A drafter checkpoint is malformed or of the wrong kind; `detail` says what was expected.
     #[error("{}: {detail}", path.display())]
-    Checkpoint { path: PathBuf, detail: String },
+    Checkpoint {
+        /// The checkpoint file or directory.
+        path: PathBuf,
+        /// What was expected.
+        detail: String,
+    },
     /// The drafter does not fit the target (hidden size, vocabulary, tap layers, depth).
     #[error("drafter {drafter} does not fit the target: {detail}")]
-    Incompatible { drafter: String, detail: String },
+    Incompatible {
+        /// The drafter's name.
+        drafter: String,
+        /// Which dimension does not fit, and how.
+        detail: String,
+    },
     /// Bad decode settings (γ, thresholds, sampler).
     #[error("{field}: {detail}")]
-    Settings { field: &'static str, detail: String },
+    Settings {
+        /// The setting's name.
+        field: &'static str,
+        /// Why it is refused.
+        detail: String,
+    },
     /// A drafter broke its contract (e.g. proposed more drafts than asked).
     #[error("drafter contract: {0}")]
     Contract(String),
+    /// Filesystem error with the path it concerns.
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
 }
 
 /// Result alias.

@@ -18,11 +18,12 @@
 //! # Ok(())
 //! # }
 //! ```
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod calibration;
 pub mod decode;
-pub mod drafter;
+pub(crate) mod drafter;
 pub mod drafters;
 mod error;
 pub mod schedule;

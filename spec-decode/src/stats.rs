@@ -4,6 +4,7 @@
 /// Counters of one speculative request.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SpecStats {
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
     /// Tokens returned to the caller.
     pub emitted: usize,
@@ -28,7 +29,9 @@ pub struct SpecStats {
     pub prefill_forwards: usize,
     /// Host synchronisations (device → host reads) during decoding.
     pub host_syncs: usize,
+    /// Prefill wall time, in milliseconds.
     pub prefill_ms: f64,
+    /// Decode wall time after the prefill, in milliseconds.
     pub decode_ms: f64,
 }
 

@@ -30,8 +30,11 @@ pub fn decode_from_with_rule(
 /// through its Markov input, and a scheduler that looks ahead sees information about a draft
 /// before deciding whether to verify it.
 pub struct ScriptedConfidence<D: Drafter> {
+    /// The drafter whose drafts are proposed unchanged.
     pub inner: D,
+    /// Values the first position's confidence is drawn from, uniformly per round.
     pub first: Vec<f32>,
+    /// Confidence of position k ≥ 1 as a function of draft k − 1.
     pub later: Box<dyn Fn(u32) -> f32>,
     /// The `max_drafts` of every proposal request, in order.
     pub asked: Vec<usize>,
@@ -39,6 +42,7 @@ pub struct ScriptedConfidence<D: Drafter> {
 }
 
 impl<D: Drafter> ScriptedConfidence<D> {
+    /// Wraps `inner`; `seed` seeds the draws from `first`.
     pub fn new(inner: D, first: Vec<f32>, later: Box<dyn Fn(u32) -> f32>, seed: u64) -> Self {
         ScriptedConfidence { inner, first, later, asked: Vec::new(), state: seed }
     }

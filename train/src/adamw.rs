@@ -13,8 +13,11 @@ use crate::error::{Error, Result};
 /// Hyper-parameters of [`AdamW`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdamWConfig {
+    /// Decay rate of the first-moment (mean) estimate.
     pub beta1: f64,
+    /// Decay rate of the second-moment (uncentred variance) estimate.
     pub beta2: f64,
+    /// Added to the square root of the second moment, for stability.
     pub eps: f64,
     /// Decoupled weight decay λ (0 disables it).
     pub weight_decay: f64,
@@ -29,11 +32,13 @@ impl Default for AdamWConfig {
 /// AdamW state for a fixed list of parameters.
 #[derive(Clone, Debug)]
 pub struct AdamW {
+    /// The hyper-parameters.
     pub config: AdamWConfig,
     /// Updates taken so far.
     pub step: u64,
-    /// First and second moments, one per parameter, f32.
+    /// First moments, one per parameter, f32.
     pub m: Vec<Array>,
+    /// Second moments, one per parameter, f32.
     pub v: Vec<Array>,
 }
 

@@ -11,8 +11,11 @@ use crate::error::{Error, Result};
 /// Which part of the corpus a file belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Split {
+    /// About 90% of the files: trained on.
     Train,
+    /// About 5%: evaluated on during training.
     Validation,
+    /// About 5%: held out for the final report.
     Test,
 }
 
@@ -36,7 +39,9 @@ pub fn split_of(relative: &str) -> Split {
 pub struct SourceFile {
     /// Path relative to the corpus root, `/`-separated.
     pub relative: String,
+    /// Path on disk: the corpus root joined with `relative`.
     pub path: PathBuf,
+    /// Which split the file belongs to.
     pub split: Split,
 }
 

@@ -30,19 +30,27 @@ use crate::state::TrainState;
 /// Settings of a drafter training run.
 #[derive(Clone, Debug)]
 pub struct DrafterTrainConfig {
+    /// Total optimizer steps; the learning-rate schedule spans them.
     pub steps: u64,
     /// Anchors per step.
     pub batch: usize,
+    /// Peak learning rate.
     pub lr: f64,
+    /// Linear warmup steps before the cosine decay.
     pub warmup: u64,
     /// Context rows before each anchor (older rows are cut, as a bounded inference context is).
     pub max_ctx: usize,
+    /// Seed of the batch sampler and of the evaluation batches.
     pub seed: u64,
+    /// Steps between evaluations (the last step is always evaluated).
     pub eval_every: u64,
+    /// Validation batches per evaluation (the same ones every time).
     pub eval_batches: usize,
     /// Global gradient-norm limit.
     pub clip: f64,
+    /// AdamW's decoupled weight decay λ.
     pub weight_decay: f64,
+    /// Weights of the CE, L1 and confidence-BCE loss terms.
     pub loss: LossWeights,
     /// Stop after this step as an interrupted run would (the schedule still spans `steps`);
     /// the state saved at the last evaluation resumes it.
@@ -71,8 +79,11 @@ impl Default for DrafterTrainConfig {
 /// Shards by role.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {
+    /// Shards trained on.
     pub train: Vec<PathBuf>,
+    /// Validation shards (evaluations, best checkpoint).
     pub val: Vec<PathBuf>,
+    /// Held-out test shards, never read by training.
     pub test: Vec<PathBuf>,
 }
 
@@ -97,42 +108,59 @@ pub fn split_shards(shards: &[PathBuf], data_dir: &Path) -> Result<Split> {
 /// Analytic acceptance on the validation batches.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvalReport {
+    /// Mean analytic τ: 1 + Σ_j Π_{i≤j} a_i, the expected tokens per round.
     pub tau: f64,
     /// Teacher-forced greedy τ: 1 + the leading drafts whose argmax is the target's.
     pub greedy_tau: f64,
     /// Mean acceptance per block position.
     pub acceptance: Vec<f64>,
+    /// Mean validation loss.
     pub loss: f64,
 }
 
 /// What a step reports.
 #[derive(Clone, Debug)]
 pub struct Progress {
+    /// This step, 1-based.
     pub step: u64,
+    /// Total steps of the run.
     pub steps: u64,
+    /// The step's total loss.
     pub loss: f64,
+    /// Its cross-entropy term.
     pub ce: f64,
+    /// Its L1 (target-law distance) term.
     pub tv: f64,
+    /// Its confidence BCE term.
     pub bce: f64,
     /// The greedy head's BCE (0 without one).
     pub bce_greedy: f64,
+    /// Learning rate of the step.
     pub lr: f64,
+    /// Training anchors per second since this run started.
     pub anchors_per_s: f64,
+    /// Estimated seconds to the last step.
     pub eta_s: f64,
+    /// The evaluation, on steps that ran one.
     pub eval: Option<EvalReport>,
 }
 
 /// The outcome of a run.
 #[derive(Clone, Debug)]
 pub struct TrainReport {
+    /// Optimizer steps taken in all (a resumed run counts the earlier ones).
     pub steps: u64,
+    /// Training loss of this run's first step.
     pub first_loss: f64,
+    /// Training loss of its last step.
     pub last_loss: f64,
     /// Validation before the first step of this run (the starting drafter's analytic τ).
     pub initial: EvalReport,
+    /// The best validation of the run, when one beat the starting τ (saved to `best_dir`).
     pub best: Option<EvalReport>,
     /// `<out>/best`: the drafter checkpoint with the best validation τ.
     pub best_dir: PathBuf,
+    /// Training anchors per second over the run.
     pub anchors_per_s: f64,
 }
 

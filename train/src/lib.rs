@@ -14,10 +14,11 @@
 //! assert!((params[0].to_vec::<f32>()?[0] - 3.0).abs() < 0.05);
 //! # Ok::<(), train::Error>(())
 //! ```
+#![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod adamw;
-pub mod analytic;
+pub(crate) mod analytic;
 pub mod bpe;
 mod clip;
 pub mod corpus;

@@ -18,20 +18,26 @@ use crate::shards::{Sequence, Shard, TargetId};
 /// Live and analytic acceptance of a drafter on some prompts.
 #[derive(Clone, Debug)]
 pub struct LiveReport {
+    /// Prompts evaluated.
     pub prompts: usize,
     /// Greedy speculative decoding (argmax match).
     pub greedy: SpecStats,
     /// Speculative sampling at temperature 1.
     pub sampled: SpecStats,
+    /// Teacher-forced analytic acceptance on the prompts' target continuations.
     pub analytic: EvalReport,
 }
 
 /// Settings of [`eval_live`].
 #[derive(Clone, Debug)]
 pub struct LiveOptions {
+    /// Most tokens generated per prompt.
     pub max_new: usize,
+    /// Tokens that end a generation.
     pub stop_tokens: Vec<u32>,
+    /// Seed of the sampled runs (prompt i uses `seed + i`).
     pub seed: u64,
+    /// Context rows of the analytic forward (as in training).
     pub max_ctx: usize,
 }
 

@@ -20,7 +20,9 @@ pub enum Cut {
 /// One prompt and the document it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Prompt {
+    /// Name of the source document.
     pub source: String,
+    /// The prompt: whole lines cut from the document.
     pub text: String,
 }
 

@@ -38,10 +38,20 @@ pub enum RegenMode {
     /// The target answers each prompt: up to `max_new` tokens, greedy when `temperature` is 0,
     /// otherwise sampled with seed `seed + item index` (so a resumed run draws what an
     /// uninterrupted one would have).
-    Generate { max_new: usize, temperature: f64, seed: u64 },
+    Generate {
+        /// Most tokens per answer.
+        max_new: usize,
+        /// Sampling temperature; 0 is greedy.
+        temperature: f64,
+        /// Base seed; item i samples with `seed + i`.
+        seed: u64,
+    },
     /// Each input is a document, teacher-forced in pieces of at most `max_len` tokens whose
     /// "response" starts at position 1 (every position but the first can anchor).
-    FromText { max_len: usize },
+    FromText {
+        /// Longest piece, in tokens.
+        max_len: usize,
+    },
 }
 
 impl std::fmt::Display for RegenMode {
@@ -61,6 +71,7 @@ impl std::fmt::Display for RegenMode {
 /// Settings of a [`regen`] run.
 #[derive(Clone, Debug)]
 pub struct RegenOptions {
+    /// How each input item becomes a sequence.
     pub mode: RegenMode,
     /// Tap indices in feature order (`num_hidden_layers` = the final-norm output, which must be
     /// last). See [`default_taps`] and [`validate_taps`].
@@ -89,21 +100,26 @@ impl RegenOptions {
 pub struct RegenProgress {
     /// Items handled (written, pending or skipped) of `total`.
     pub done: usize,
+    /// Input items in all.
     pub total: usize,
     /// Items skipped because a committed shard already holds them.
     pub skipped: usize,
-    /// Sequences and tokens produced by this run.
+    /// Sequences produced by this run.
     pub sequences: usize,
+    /// Tokens produced by this run.
     pub tokens: usize,
     /// Shards committed by this run.
     pub shards: usize,
+    /// Wall time since the run started.
     pub elapsed: Duration,
 }
 
 /// What a [`regen`] run did.
 #[derive(Clone, Debug, Default)]
 pub struct RegenSummary {
+    /// Sequences written by this run.
     pub sequences: usize,
+    /// Tokens written by this run.
     pub tokens: usize,
     /// Shards committed by this run.
     pub shards: usize,
@@ -112,6 +128,7 @@ pub struct RegenSummary {
     /// Shards of an interrupted run that the ledger did not name, removed (their items were
     /// regenerated).
     pub orphans_removed: usize,
+    /// Wall time of the run.
     pub elapsed: Duration,
 }
 

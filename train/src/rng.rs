@@ -5,14 +5,17 @@
 /// SplitMix64 (Steele, Lea & Flood 2014).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SplitMix64 {
+    /// The whole generator state; saved and restored with a checkpoint.
     pub state: u64,
 }
 
 impl SplitMix64 {
+    /// A generator whose state starts at `seed`.
     pub fn new(seed: u64) -> SplitMix64 {
         SplitMix64 { state: seed }
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.state;

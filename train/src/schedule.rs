@@ -5,9 +5,13 @@
 /// [0, 1]; the floor is 10% of the peak by default.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WarmupCosine {
+    /// Learning rate at the end of warmup.
     pub peak: f64,
+    /// Warmup steps.
     pub warmup: u64,
+    /// Step at which the decay reaches `floor`.
     pub total: u64,
+    /// Learning rate after the decay.
     pub floor: f64,
 }
 

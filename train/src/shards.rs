@@ -15,14 +15,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// `shard.json`'s `format` value: marks a directory as a regenerated-data shard.
 pub const SHARD_FORMAT: &str = "dspark-regen-shard";
+/// The shard format version written and read.
 pub const SHARD_VERSION: u32 = 1;
 
 /// The target a shard was regenerated from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TargetId {
+    /// The target's `hidden_size` H.
     pub hidden_size: usize,
+    /// The target's vocabulary size V.
     pub vocab_size: usize,
+    /// The target's decoder layer count (a tap equal to it is the final-norm output).
     pub num_layers: usize,
 }
 
@@ -33,6 +38,7 @@ impl std::fmt::Display for TargetId {
 }
 
 impl TargetId {
+    /// The identity of the target with config `cfg`.
     pub fn of(cfg: &gemma4::TextConfig) -> TargetId {
         TargetId { hidden_size: cfg.hidden_size, vocab_size: cfg.vocab_size, num_layers: cfg.num_hidden_layers }
     }
@@ -41,12 +47,17 @@ impl TargetId {
 /// `shard.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardMeta {
+    /// Always [`SHARD_FORMAT`].
     pub format: String,
+    /// Always [`SHARD_VERSION`].
     pub version: u32,
+    /// The target the shard was regenerated from.
     pub target: TargetId,
     /// Tap indices (`num_layers` = the final-norm output), in feature order.
     pub tap_layers: Vec<usize>,
+    /// Sequences in the shard.
     pub n_seq: usize,
+    /// Tokens in the shard, all sequences together.
     pub n_tokens: usize,
 }
 
@@ -67,6 +78,7 @@ impl ShardMeta {
 /// One regenerated sequence.
 #[derive(Clone, Debug)]
 pub struct Sequence {
+    /// Token ids, prompt then response.
     pub ids: Vec<u32>,
     /// First position of the response (anchors are drawn from the response only).
     pub resp_start: usize,
@@ -77,10 +89,13 @@ pub struct Sequence {
 /// A loaded shard.
 #[derive(Clone, Debug)]
 pub struct Shard {
+    /// The shard's directory.
     pub path: PathBuf,
+    /// Its `shard.json`.
     pub meta: ShardMeta,
     /// `[L_tot, m·H]`
     pub rows: Array,
+    /// Token ids of all sequences, concatenated `[L_tot]`.
     pub ids: Vec<u32>,
     /// Start offset, length and response start of each sequence.
     pub seqs: Vec<(usize, usize, usize)>,

@@ -22,7 +22,9 @@ const VERSION: u32 = 1;
 pub struct TrainState {
     /// Parameter names, in the order of `params` and the optimizer's moments.
     pub names: Vec<String>,
+    /// Parameter values.
     pub params: Vec<Array>,
+    /// The optimizer with its moments and step count.
     pub opt: AdamW,
     /// The training RNG key (`mlx_core::random::KeyChain` state).
     pub rng: Array,

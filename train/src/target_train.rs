@@ -18,16 +18,21 @@ use crate::{clip_global_norm, AdamW, AdamWConfig, SplitMix64, WarmupCosine};
 /// Hyper-parameters of a target run.
 #[derive(Clone, Debug)]
 pub struct TargetTrainConfig {
+    /// Total optimizer steps; the learning-rate schedule spans them.
     pub steps: u64,
     /// Sequences per step.
     pub batch: usize,
     /// Tokens per sequence (each predicts the next; windows of `seq_len + 1` are drawn).
     pub seq_len: usize,
+    /// Peak learning rate.
     pub lr: f64,
+    /// Linear warmup steps before the cosine decay.
     pub warmup: u64,
+    /// AdamW's decoupled weight decay λ.
     pub weight_decay: f64,
     /// Global gradient-norm clip.
     pub clip: f64,
+    /// Seed of the training-window draws.
     pub seed: u64,
     /// Validation every this many steps (and at the end); 0: only at the end.
     pub eval_every: u64,
@@ -85,11 +90,17 @@ impl TargetTrainConfig {
 /// What a progress callback sees after each step.
 #[derive(Clone, Debug)]
 pub struct TargetProgress {
+    /// This step, 1-based.
     pub step: u64,
+    /// Total steps of the run.
     pub steps: u64,
+    /// Training loss of the step (nats per token).
     pub loss: f32,
+    /// Learning rate of the step.
     pub lr: f64,
+    /// Global gradient norm before clipping.
     pub grad_norm: f32,
+    /// Training tokens per second of this step.
     pub tokens_per_s: f64,
     /// Mean validation loss (nats per token) when this step evaluated.
     pub val_loss: Option<f64>,
@@ -98,11 +109,17 @@ pub struct TargetProgress {
 /// The outcome of a run.
 #[derive(Clone, Debug)]
 pub struct TargetReport {
+    /// Parameter names, in the order of `params`.
     pub names: Vec<String>,
+    /// The trained parameters.
     pub params: Vec<Array>,
+    /// Mean validation loss (nats per token) before the first step.
     pub initial_val_loss: f64,
+    /// Mean validation loss after the last step.
     pub final_val_loss: f64,
+    /// Training loss of every step.
     pub losses: Vec<f32>,
+    /// Wall time of the run, in seconds.
     pub seconds: f64,
 }
 

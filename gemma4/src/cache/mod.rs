@@ -20,13 +20,31 @@ use crate::config::{LayerKind, TextConfig};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CacheError {
+    /// Asked to drop more tokens than the cache holds.
     #[error("cannot trim {requested} tokens from a cache holding {len}")]
-    TrimBeyondLen { requested: usize, len: usize },
+    TrimBeyondLen {
+        /// Tokens asked to drop.
+        requested: usize,
+        /// Tokens the cache holds.
+        len: usize,
+    },
+    /// A sliding-window cache cannot roll back past what its last write overwrote in the ring.
     #[error(
         "cannot trim {requested} tokens from a sliding-window cache of window {window} at offset {offset}: \
          the ring has wrapped, the last write was {last_write} tokens and at most {rollback_left} of them may still be rolled back"
     )]
-    TrimAfterWrap { requested: usize, offset: usize, window: usize, last_write: usize, rollback_left: usize },
+    TrimAfterWrap {
+        /// Tokens asked to drop.
+        requested: usize,
+        /// Tokens written so far (the absolute position).
+        offset: usize,
+        /// The ring's size, in tokens.
+        window: usize,
+        /// Tokens of the last write.
+        last_write: usize,
+        /// Tokens that may still be dropped.
+        rollback_left: usize,
+    },
 }
 
 /// One query row's keys and values as views of a cache buffer, attended as their concatenation
@@ -67,7 +85,9 @@ fn check_rows(k: &Array, v: &Array, held: Option<(&Array, &Array)>) -> mlx_core:
 /// The cache of one donor layer.
 #[derive(Clone, Debug)]
 pub enum LayerCache {
+    /// A growing cache for a full-attention layer.
     Full(KvCache),
+    /// A ring buffer of `sliding_window` tokens for a sliding layer.
     Rotating(RotatingKvCache),
 }
 

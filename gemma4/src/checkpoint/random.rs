@@ -28,8 +28,11 @@ pub enum Init {
 /// One parameter of the text model, by its text-model-relative name.
 #[derive(Clone, Debug)]
 pub struct ParamSpec {
+    /// Name relative to the text model (e.g. `embed_tokens.weight`, no layout prefix).
     pub name: String,
+    /// Shape as loaded.
     pub shape: Vec<i32>,
+    /// How `random` fills it.
     pub init: Init,
 }
 

@@ -8,20 +8,54 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    /// The config file could not be read.
     #[error("{}: cannot read: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying I/O error.
+        source: std::io::Error,
+    },
     /// Malformed JSON; serde_json's message carries the line and column.
     #[error("invalid JSON: {source}")]
-    Json { source: serde_json::Error },
+    Json {
+        /// The parse error.
+        source: serde_json::Error,
+    },
     /// A field holds a JSON value of the wrong type.
     #[error("{field}: {source}")]
-    Type { field: String, source: serde_json::Error },
+    Type {
+        /// Dotted path of the field.
+        field: String,
+        /// serde_json's type error.
+        source: serde_json::Error,
+    },
+    /// A field's value is out of range or inconsistent with other fields.
     #[error("{field}: expected {expected}, got {got}")]
-    Invalid { field: String, expected: String, got: String },
+    Invalid {
+        /// Dotted path of the field.
+        field: String,
+        /// What would be accepted.
+        expected: String,
+        /// The value found.
+        got: String,
+    },
+    /// A quantization block names a mode other than `"affine"`.
     #[error("{field}: quantization mode \"{mode}\" is not supported (only \"affine\" is)")]
-    UnsupportedQuantMode { field: String, mode: String },
+    UnsupportedQuantMode {
+        /// Dotted path of the `mode` field.
+        field: String,
+        /// The mode found.
+        mode: String,
+    },
+    /// Wraps another config error with the file it came from.
     #[error("{}: {source}", path.display())]
-    InFile { path: PathBuf, source: Box<ConfigError> },
+    InFile {
+        /// The config file.
+        path: PathBuf,
+        /// The error inside it.
+        source: Box<ConfigError>,
+    },
 }
 
 impl ConfigError {

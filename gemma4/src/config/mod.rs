@@ -35,42 +35,65 @@ use raw::token_ids;
 /// The validated, typed decoder config. Model code reads only this.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextConfig {
+    /// Where the decoder's fields and weights live (flat or under `text_config`).
     pub layout: Layout,
+    /// Residual-stream width `H`.
     pub hidden_size: usize,
+    /// Decoder layers, donors and KV-shared ones together.
     pub num_hidden_layers: usize,
+    /// Dense MLP inner width (doubled on shared layers under `use_double_wide_mlp`).
     pub intermediate_size: usize,
+    /// Query heads per layer.
     pub num_attention_heads: usize,
     /// KV heads of sliding layers, and of full layers unless k_eq_v applies.
     pub num_key_value_heads: usize,
     /// KV heads of full layers, only when `attention_k_eq_v` (ignored otherwise, as in mlx-lm).
     pub num_global_key_value_heads: Option<usize>,
+    /// Head dim of sliding layers.
     pub head_dim: usize,
+    /// Head dim of full-attention layers.
     pub global_head_dim: usize,
+    /// Full layers use one projection for K and V (V is the raw k_proj output).
     pub attention_k_eq_v: bool,
+    /// Trailing layers that reuse a donor's K/V instead of their own cache.
     pub num_kv_shared_layers: usize,
     /// `num_hidden_layers − num_kv_shared_layers`: the number of donor layers and caches.
     pub first_kv_shared: usize,
     /// PLE width; 0 means PLE off.
     pub hidden_size_per_layer_input: usize,
+    /// Vocabulary size `V` of the embedding and LM head.
     pub vocab_size: usize,
+    /// Rows of the per-layer-input (PLE) embedding table.
     pub vocab_size_per_layer_input: usize,
+    /// KV-shared layers get an MLP of `2 × intermediate_size`.
     pub use_double_wide_mlp: bool,
+    /// Tanh softcap on the final logits (`cap · tanh(x / cap)`); `None` when disabled.
     pub final_logit_softcapping: Option<f32>,
+    /// Sliding-attention window, in tokens.
     pub sliding_window: usize,
+    /// Epsilon of every RMSNorm.
     pub rms_norm_eps: f32,
     /// False means the checkpoint has an `lm_head`.
     pub tie_word_embeddings: bool,
+    /// Layers carry a mixture-of-experts block next to the dense MLP.
     pub enable_moe_block: bool,
+    /// Experts per MoE block, when `enable_moe_block`.
     pub num_experts: Option<usize>,
+    /// Experts routed per token, when `enable_moe_block`.
     pub top_k_experts: Option<usize>,
+    /// Inner width of each expert, when `enable_moe_block`.
     pub moe_intermediate_size: Option<usize>,
     /// Numerically irrelevant for default/proportional RoPE; `generate` refuses to run past it.
     pub max_position_embeddings: usize,
     /// Stop ids: top-level `eos_token_id`, overridden by generation_config.json in `from_dir`.
     pub eos_token_ids: Vec<u32>,
+    /// Beginning-of-sequence token id.
     pub bos_token_id: u32,
+    /// Padding token id.
     pub pad_token_id: u32,
+    /// Per-layer facts, one entry per decoder layer.
     pub layers: Vec<LayerSpec>,
+    /// The MLX `quantization` block when the checkpoint is quantized.
     pub quantization: Option<QuantizationConfig>,
 }
 
@@ -136,6 +159,7 @@ impl TextConfig {
         self.first_kv_shared
     }
 
+    /// Whether per-layer inputs (PLE) are on (`hidden_size_per_layer_input > 0`).
     pub fn has_ple(&self) -> bool {
         self.hidden_size_per_layer_input > 0
     }

@@ -14,7 +14,10 @@ pub use mlx_core::quant::QuantSpec;
 /// `None` means "leave this module unquantized" (a `false` entry).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct QuantizationConfig {
+    /// Bits and group size for modules without an override; `None` when the block has none.
     pub default: Option<QuantSpec>,
+    /// Per-module-path settings, keyed by module path as the checkpoint
+    /// names it; `None` keeps the module dense.
     pub overrides: BTreeMap<String, Option<QuantSpec>>,
 }
 

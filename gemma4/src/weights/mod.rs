@@ -30,7 +30,9 @@ fn is_float(d: Dtype) -> bool {
 /// A linear layer's weights: dense `[out, in]` or MLX-affine quantized.
 #[derive(Clone, Debug)]
 pub enum LinearWeights {
+    /// A plain `[out, in]` matrix.
     Dense(Array),
+    /// Packed MLX-affine weight with its scales and biases.
     Quantized(Quantized),
 }
 

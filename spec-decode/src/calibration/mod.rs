@@ -6,7 +6,7 @@
 //! own keeps the result (the sidecar).
 
 mod error;
-pub mod pipeline;
+pub(crate) mod pipeline;
 pub mod reliability;
 pub mod report;
 pub mod rounds_file;

@@ -92,7 +92,16 @@ pub enum RoundSource<'a> {
 pub enum Progress<'a> {
     /// A calibration decode finished: `prompt` (1-based) of `prompts` in `mode`, with `rounds`
     /// verify rounds of the mode so far.
-    Decoded { mode: &'a str, prompt: usize, prompts: usize, rounds: usize },
+    Decoded {
+        /// The mode, `greedy` or `sampled, T = t`.
+        mode: &'a str,
+        /// 1-based index of the prompt just decoded.
+        prompt: usize,
+        /// Prompts in this mode.
+        prompts: usize,
+        /// Verify rounds of the mode so far.
+        rounds: usize,
+    },
     /// A mode is fitted and reported on its held-out rounds.
     Fitted(&'a ModeFit),
 }
@@ -105,13 +114,17 @@ pub struct ModeFit {
     pub label: String,
     /// The fit as the checkpoint stores it, with the held-out ECE per position.
     pub fit: StsFit,
+    /// The fitted scaling as the runtime applies it (temperatures, shifts, survival maps).
     pub sts: Sts,
     /// Raw confidences, the temperatures and shifts alone, and the whole calibration.
     pub before: Vec<PositionReport>,
+    /// Reports after temperatures and shifts alone, per block position.
     pub scaled: Vec<PositionReport>,
+    /// Reports after the whole calibration (scaling plus survival maps), per block position.
     pub after: Vec<PositionReport>,
     /// Block positions (0-based) fitted on too few rounds for a survival map.
     pub unmapped: Vec<usize>,
+    /// The held-out rounds the reports were computed on.
     pub held_out: Vec<RoundSample>,
 }
 

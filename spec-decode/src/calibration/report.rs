@@ -9,9 +9,11 @@ use super::sts::{RoundSample, Sts, ECE_BINS};
 pub struct PositionReport {
     /// Rounds that verified the position.
     pub rounds: usize,
+    /// Expected calibration error of the survival, over `ECE_BINS` equal-width bins.
     pub ece: f64,
     /// None without both outcomes among the rounds.
     pub auroc: Option<f64>,
+    /// Brier score: mean squared error of the survival against the accepted/rejected outcome.
     pub brier: f64,
 }
 

@@ -43,6 +43,7 @@ pub struct RoundSample {
 /// Per-position temperatures and shifts (index k = block position, 0-based).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sts {
+    /// Divides each position's confidence logit; positions past its end use 1.
     pub temperatures: Vec<f32>,
     /// Added to the scaled logit; positions past its end (or an empty list) use 0.
     pub shifts: Vec<f32>,

@@ -9,6 +9,7 @@
 /// Knots (scaled survival, calibrated survival), both non-decreasing; empty is the identity.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SurvivalMap {
+    /// `[scaled, calibrated]` pairs joined by straight lines; values outside the knots clamp to the end ones.
     pub knots: Vec<[f32; 2]>,
 }
 

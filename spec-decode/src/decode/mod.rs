@@ -77,8 +77,11 @@ impl SpecConfig {
 /// Output of a speculative request.
 #[derive(Clone, Debug)]
 pub struct SpecOutput {
+    /// Emitted token ids, without the prompt or the stop token.
     pub tokens: Vec<u32>,
+    /// Why the request ended.
     pub finish: FinishReason,
+    /// Rounds, acceptance and timing.
     pub stats: SpecStats,
     /// Confidence per verified draft position and whether it was accepted; filled only when
     /// pruning is active (that is when confidences are read). `Pruning::Thresholds(vec![])`

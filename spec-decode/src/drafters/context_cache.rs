@@ -13,7 +13,9 @@ use crate::error::{Error, Result};
 /// One layer's keys and values // `[1, heads, L, hd]` each.
 #[derive(Clone, Debug)]
 pub struct LayerKv {
+    /// Keys, `[1, heads, L, hd]`.
     pub k: Array,
+    /// Values, `[1, heads, L, hd]`.
     pub v: Array,
 }
 

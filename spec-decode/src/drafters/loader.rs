@@ -18,7 +18,9 @@ use crate::error::{Error, Result};
 /// The checkpoint kinds this crate loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DrafterKind {
+    /// A DSpark drafter (`dspark.json` + safetensors), built in this crate.
     DSpark,
+    /// A DeepSpec drafter (HF `config.json` + safetensors).
     DeepSpec,
 }
 
@@ -59,7 +61,9 @@ pub fn detect(dir: &Path) -> Result<DrafterKind> {
 /// The target dimensions a drafter checkpoint was built for, from its config alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TargetShape {
+    /// The target's `hidden_size` H.
     pub hidden_size: usize,
+    /// The target's vocabulary size V.
     pub vocab_size: usize,
     /// The fewest target layers its taps allow (DeepSpec: exactly its target's depth).
     pub num_hidden_layers: usize,

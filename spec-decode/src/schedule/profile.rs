@@ -59,12 +59,14 @@ pub struct VerifyProfile {
     /// (when profiled with a drafter). A round pays it whatever window it then verifies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft: Option<f32>,
+    /// `draft` under sampled drafting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_sampled: Option<f32>,
     /// Proposing k = 1, 2, …, γ drafts, in decode steps, greedy and sampled (when profiled with
     /// a drafter; the last entry is the full block).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_by_len: Option<Vec<f32>>,
+    /// `draft_by_len` under sampled drafting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_by_len_sampled: Option<Vec<f32>>,
 }

@@ -49,6 +49,7 @@ pub struct ThroughputPlan {
 }
 
 impl ThroughputPlan {
+    /// A plan from a calibration and a cost table, with the draft cap and rate rule on.
     pub fn new(sts: crate::calibration::sts::Sts, cost: Vec<f32>) -> ThroughputPlan {
         ThroughputPlan { sts, cost, draft_cap: true, rate_rule: true, rate_seed: None, look_ahead: false }
     }
@@ -100,6 +101,7 @@ impl ThroughputPlan {
 pub enum Cut {
     /// Per-position thresholds ([`kept_len`]); empty reads confidences without pruning.
     Thresholds(Vec<f32>),
+    /// Windows maximising expected accepted-plus-bonus tokens per unit of round cost.
     Throughput(ThroughputPlan),
 }
 

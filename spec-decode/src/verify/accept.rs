@@ -103,32 +103,84 @@ impl std::fmt::Display for RowKind {
 pub enum AcceptError {
     /// Wrong number of probability rows: `d` draft rows and `d + 1` target rows are required.
     #[error("expected {expected} {kind} probability rows, got {got}")]
-    RowCount { kind: RowKind, expected: usize, got: usize },
+    RowCount {
+        /// Draft (q) or target (p) rows.
+        kind: RowKind,
+        /// Rows required.
+        expected: usize,
+        /// Rows given.
+        got: usize,
+    },
     /// The target rows have zero width.
     #[error("probability rows are empty (vocabulary size 0)")]
     EmptyVocab,
     /// A row's width differs from the vocabulary size set by target row 0.
     #[error("{kind} row {row} has {got} entries, expected the vocabulary size {expected}")]
-    RowWidth { kind: RowKind, row: usize, expected: usize, got: usize },
+    RowWidth {
+        /// Draft (q) or target (p) rows.
+        kind: RowKind,
+        /// 0-based row index.
+        row: usize,
+        /// The vocabulary size.
+        expected: usize,
+        /// The row's width.
+        got: usize,
+    },
     /// A row holds a negative, NaN or infinite probability.
     #[error("{kind} row {row} has invalid probability {value} at token {token}")]
-    InvalidProbability { kind: RowKind, row: usize, token: usize, value: f32 },
+    InvalidProbability {
+        /// Draft (q) or target (p) rows.
+        kind: RowKind,
+        /// 0-based row index.
+        row: usize,
+        /// Token id of the bad entry.
+        token: usize,
+        /// The entry.
+        value: f32,
+    },
     /// A row does not sum to 1 within [`ROW_SUM_TOLERANCE`].
     #[error("{kind} row {row} sums to {sum}, not 1 (tolerance {ROW_SUM_TOLERANCE})")]
-    RowSum { kind: RowKind, row: usize, sum: f64 },
+    RowSum {
+        /// Draft (q) or target (p) rows.
+        kind: RowKind,
+        /// 0-based row index.
+        row: usize,
+        /// The row's sum, in f64.
+        sum: f64,
+    },
     /// A draft id is not in the vocabulary.
     #[error("draft {position} is token {token}, outside the vocabulary of {vocab}")]
-    TokenOutOfVocab { position: usize, token: u32, vocab: usize },
+    TokenOutOfVocab {
+        /// 0-based draft position.
+        position: usize,
+        /// The draft token id.
+        token: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
     /// The draft row gives its own sampled token probability 0. A drafter that sampled `x_k`
     /// from `q_k` cannot produce this, so `q` is not the distribution the draft came from.
     #[error("draft {position} (token {token}) has draft probability 0, so it was not sampled from q")]
-    ZeroDraftProbability { position: usize, token: u32 },
+    ZeroDraftProbability {
+        /// 0-based draft position.
+        position: usize,
+        /// The draft token id.
+        token: u32,
+    },
     /// [`first_rejection_or_bonus`] got a different number of recovered tokens than flags.
     #[error("expected {expected} recovered tokens (one per acceptance flag), got {got}")]
-    RecoveredCount { expected: usize, got: usize },
+    RecoveredCount {
+        /// Acceptance flags given.
+        expected: usize,
+        /// Recovered tokens given.
+        got: usize,
+    },
     /// The uniform source returned a value outside `[0, 1)`.
     #[error("uniform draw {value} is outside [0, 1)")]
-    UniformOutOfRange { value: f32 },
+    UniformOutOfRange {
+        /// The draw.
+        value: f32,
+    },
 }
 
 /// Greedy verification: keep the longest prefix of `drafts` that matches the target argmax,

@@ -18,7 +18,10 @@ pub const ARCHITECTURE: &str = "Gemma4DSparkModel";
 pub enum RopeKind {
     /// `rotated_dims = floor(head_dim · partial_rotary_factor)` dims rotate with wavelengths
     /// θ^(2k/head_dim) (full head_dim divisor); the rest are the identity.
-    Proportional { partial_rotary_factor: f64 },
+    Proportional {
+        /// Fraction of `head_dim` that rotates.
+        partial_rotary_factor: f64,
+    },
     /// Plain RoPE over the whole head.
     Default,
 }
@@ -26,6 +29,7 @@ pub enum RopeKind {
 /// The parsed, validated DeepSpec config.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeepSpecConfig {
+    /// Drafter width; equals the target's `hidden_size`.
     pub hidden_size: usize,
     /// Drafter layers.
     pub num_hidden_layers: usize,
@@ -35,12 +39,17 @@ pub struct DeepSpecConfig {
     pub head_dim: usize,
     /// `num_global_key_value_heads` (K ≡ V).
     pub num_kv_heads: usize,
+    /// MLP inner width.
     pub intermediate_size: usize,
+    /// RMSNorm epsilon.
     pub rms_norm_eps: f32,
+    /// Tanh softcap on the draft logits; `None` when disabled.
     pub final_logit_softcapping: Option<f32>,
+    /// Vocabulary size `V`, the target's.
     pub vocab_size: usize,
     /// γ: block rows `[anchor, mask × (γ−1)]`.
     pub block_size: usize,
+    /// Token id filling the γ−1 masked rows of a block.
     pub mask_token_id: u32,
     /// Target layers whose outputs are tapped, in feature order.
     pub target_layer_ids: Vec<usize>,
@@ -48,10 +57,13 @@ pub struct DeepSpecConfig {
     pub num_target_layers: usize,
     /// 0 = no Markov head.
     pub markov_rank: usize,
+    /// The checkpoint has a confidence head (per-position survival for pruning).
     pub enable_confidence_head: bool,
     /// Confidence input is `[h; markov_w1[prev]]` (else `[h]`).
     pub confidence_head_with_markov: bool,
+    /// RoPE base frequency θ.
     pub rope_theta: f32,
+    /// Which RoPE variant the backbone uses.
     pub rope: RopeKind,
     /// DeepSpec's truncation threshold (a call argument in DeepSeek's reference code; 0 = off).
     pub confidence_threshold: f32,

@@ -22,20 +22,31 @@ use crate::error::{Error, Result};
 /// the target config).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SyntheticDeepSpec {
+    /// Drafter layers.
     pub layers: usize,
+    /// Query heads.
     pub heads: usize,
     /// `num_global_key_value_heads`.
     pub kv_heads: usize,
+    /// Per-head width.
     pub head_dim: usize,
+    /// γ: rows per block.
     pub block_size: usize,
     /// 0 = no Markov head.
     pub markov_rank: usize,
+    /// Token id of the masked block rows.
     pub mask_token_id: u32,
+    /// Target layers tapped, in feature order.
     pub target_layer_ids: Vec<usize>,
+    /// MLP inner width.
     pub intermediate_size: usize,
+    /// Fraction of `head_dim` that rotates (proportional RoPE).
     pub partial_rotary_factor: f64,
+    /// RoPE base frequency θ.
     pub rope_theta: f64,
+    /// Tanh softcap on the draft logits; `None` for none.
     pub softcap: Option<f32>,
+    /// Seed of the random weights.
     pub seed: u64,
     /// Writes `confidence_head.proj` (input `[h; markov_w1[prev]]` when markov_rank > 0).
     pub confidence_head: bool,

@@ -42,10 +42,14 @@ fn calibration_v1() -> u32 {
 /// from version 2, the STS temperatures the throughput schedule turns into survivals.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
+    /// Block format: 1 (thresholds only), 2 (per-mode STS fits) or 3 (survival maps, `eceScaled`).
     #[serde(default = "calibration_v1")]
     pub version: u32,
+    /// Pruning threshold on the confidence per block position (γ entries).
     pub thresholds: Vec<f32>,
+    /// The precision the thresholds were fitted for: P(accepted given confidence ≥ threshold).
     pub target: f32,
+    /// Confidence samples (one per verified draft position) the thresholds were fitted on.
     #[serde(default)]
     pub samples: usize,
     /// STS fitted on greedy runs.
@@ -107,8 +111,10 @@ pub struct StsFit {
     /// raw, after the temperatures and shifts alone (absent before version 3), and after the
     /// whole calibration.
     pub ece_before: Vec<f32>,
+    /// Held-out ECE per position after the temperatures and shifts alone (absent before version 3).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ece_scaled: Vec<f32>,
+    /// Held-out ECE per position after the whole calibration.
     pub ece_after: Vec<f32>,
 }
 
@@ -116,15 +122,24 @@ pub struct StsFit {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DSparkConfig {
+    /// γ: drafts per block.
     pub gamma: usize,
+    /// Drafter width D (divisible by `n_heads`).
     pub d_draft: usize,
+    /// Backbone layers.
     pub n_layers: usize,
+    /// Attention heads per backbone layer.
     pub n_heads: usize,
+    /// Rank r of the Markov head (`markov.w1` `[V, r]`).
     pub markov_rank: usize,
+    /// MLP width multiplier: F = `ff_mult` · D.
     pub ff_mult: usize,
+    /// Target tap indices whose hidden states form H_ctx (`num_layers` = the post-final-norm state).
     pub tap_layers: Vec<usize>,
+    /// Sequential head; only `"markov"` is accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_head: Option<String>,
+    /// Calibration of the confidence head, when calibrated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sts: Option<Calibration>,
     /// The context rows the backbone attends to: the last `ctxWindow` committed rows (training
@@ -146,8 +161,11 @@ pub struct DSparkConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Dims {
+    /// The target's `hidden_size` H.
     pub hidden_size: usize,
+    /// The target's vocabulary size V.
     pub vocab_size: usize,
+    /// The drafter's RMSNorm epsilon.
     pub eps: f32,
     /// The target's decoder layer count (version 2; a tap equal to it is the final-norm output).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -157,13 +175,20 @@ pub struct Dims {
 /// The whole descriptor.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Descriptor {
+    /// Always `"dspark-drafter"`.
     pub kind: String,
+    /// `"dspark"` (or the legacy `"dflash"`); absent on refused v1 checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
+    /// Descriptor format: 2 is written, 1 and 2 are read.
     pub version: u32,
+    /// The target the drafter was trained for, `<model>@<hidden>x<vocab>`.
     pub target_id: String,
+    /// Module hyper-parameters.
     pub config: DSparkConfig,
+    /// Target dimensions the drafter was built for.
     pub dims: Dims,
+    /// Parameter names in order; must equal the list derived from `config`.
     pub param_names: Vec<String>,
     /// MLX affine quantization block (drafter-quant output), mlx-lm layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]

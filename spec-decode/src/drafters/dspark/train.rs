@@ -43,8 +43,11 @@ pub struct TrainBatch {
 /// Weights of the loss terms.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LossWeights {
+    /// Weight of the cross-entropy against the true next tokens (default 0.1).
     pub ce: f64,
+    /// Weight of the L1 distance ‖p^d_k − p^t_k‖₁ to the target's law (default 0.9).
     pub tv: f64,
+    /// Weight of the confidence head's BCE against c*_k, the analytic acceptance (default 1.0).
     pub bce: f64,
     /// The greedy head's BCE (drafters with `greedyHead` only).
     pub bce_greedy: f64,
@@ -59,9 +62,13 @@ impl Default for LossWeights {
 /// The loss and what to log about it (all 0-d f32 arrays, lazy, except where noted).
 #[derive(Clone, Debug)]
 pub struct LossTerms {
+    /// The weighted sum the optimizer minimises.
     pub total: Array,
+    /// Cross-entropy term, position-weighted by exp(−k/γ) and averaged over anchors.
     pub ce: Array,
+    /// L1 (2 × total-variation) term, weighted the same way.
     pub tv: Array,
+    /// Confidence BCE term, weighted the same way.
     pub bce: Array,
     /// The greedy head's BCE against greedy acceptance (0 without the head).
     pub bce_greedy: Array,
