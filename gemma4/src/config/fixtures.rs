@@ -1,4 +1,7 @@
-//! Tiny fixture configs for tests and smokes (feature `testing`).
+//! Tiny reference configs: the test suites' fixtures, and the shapes drafter-quant's load smoke
+//! builds a target from. Pure config builders (no weights, no files), so they are not behind
+//! the `testing` feature, which holds what only tests use (scratch directories, the HF-layout
+//! writer).
 
 use serde_json::{json, Value};
 

@@ -9,7 +9,6 @@
 //! writes every field explicitly.
 
 mod error;
-#[cfg(any(test, feature = "testing"))]
 mod fixtures;
 mod layer_spec;
 mod quant;
@@ -24,7 +23,6 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 pub use error::ConfigError;
-#[cfg(any(test, feature = "testing"))]
 pub use fixtures::{tiny_config_a, tiny_config_b, tiny_config_moe_top8, tiny_dense_config};
 pub use layer_spec::{KvSource, LayerKind, LayerSpec, Layout, RopeSpec, RopeType};
 pub use quant::{QuantSpec, QuantizationConfig};
