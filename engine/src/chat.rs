@@ -13,8 +13,11 @@ use serde_json::Value;
 /// Why a conversation could not become ids.
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
+    /// The chat template could not render the messages (a malformed message, or the
+    /// template itself raised an error); the server answers 400 on `messages`.
     #[error(transparent)]
     Template(#[from] ChatTemplateError),
+    /// The rendered (or joined) text could not be encoded into token ids.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
 }

@@ -87,16 +87,26 @@ impl EngineConfig {
 /// What the HTTP side needs to know about the served model, read without MLX.
 #[derive(Debug)]
 pub struct ModelInfo {
+    /// The model id clients name ([`EngineConfig::model_id`]): a request's `model` must match
+    /// it, and `/v1/models` lists it.
     pub id: String,
     /// Positions the model was trained for: prompt plus completion must fit.
     pub context: usize,
+    /// Vocabulary size in tokens: token-id prompts and `top_k` are checked against it.
     pub vocab: usize,
     /// Tokens that end generation (not emitted).
     pub stop_tokens: Vec<u32>,
+    /// The checkpoint's tokenizer (`tokenizer.json`); `None`: prompts must be token ids, the
+    /// output text is empty, and stop strings and chat are refused.
     pub tokenizer: Option<Tokenizer>,
+    /// The tokenizer's chat template; `None`: chat messages are joined by newlines (see
+    /// [`crate::chat`]).
     pub template: Option<ChatTemplate>,
+    /// Whether a drafter was given, so requests decode speculatively.
     pub speculative: bool,
+    /// Prefill chunk size in tokens (at least 1), copied into each request.
     pub prefill_step: usize,
+    /// Drafts per round copied into each request (`None`: the drafter's block size).
     pub gamma: Option<usize>,
 }
 
@@ -121,6 +131,7 @@ pub trait Events: Send {
 
 /// A request for the worker.
 pub struct Job {
+    /// What to decode: the prompt's ids and the generation settings.
     pub request: Request,
     /// Where the events go; dropping their receiver cancels the request.
     pub events: Box<dyn Events>,
@@ -135,19 +146,26 @@ pub struct Counters {
     pub queued: AtomicUsize,
     /// Sessions decoding now.
     pub active: AtomicUsize,
+    /// Decoded to a finish reason (stop or length) and sent their [`Event::Done`].
     pub completed: AtomicUsize,
     /// Ended because the client went away (queued or active).
     pub cancelled: AtomicUsize,
+    /// Ended with an [`Event::Failed`]: an error or a caught panic at start or in a round.
     pub failed: AtomicUsize,
 }
 
 /// The request counts at one moment (`/health`'s `requests`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RequestCounts {
+    /// Submitted, not yet admitted (`queued`).
     pub queued: usize,
+    /// Sessions decoding now (`active`).
     pub active: usize,
+    /// Ended normally since the engine started (`completed`).
     pub completed: usize,
+    /// Ended because the client went away, since the engine started (`cancelled`).
     pub cancelled: usize,
+    /// Ended with an error since the engine started (`failed`).
     pub failed: usize,
 }
 

@@ -14,6 +14,7 @@
 //!   decoding: which target and drafter (the embedded default unless told otherwise), and
 //!   which verify windows.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 #[cfg(feature = "clap")]
 pub mod args;

@@ -24,6 +24,8 @@ use crate::text::TextStream;
 /// What a request asks of the decoder, in tokens.
 #[derive(Clone, Debug)]
 pub struct Request {
+    /// The prompt's token ids (already templated and encoded for chat), prefilled before the
+    /// first round.
     pub prompt: Vec<u32>,
     /// Max tokens, sampler, seed, stop tokens and the prefill chunk.
     pub generate: GenerateConfig,
@@ -49,15 +51,22 @@ pub struct StepOut {
 /// A finished session.
 #[derive(Clone, Debug)]
 pub struct Outcome {
+    /// Every token emitted, in order (a stop token ends decoding without being emitted).
     pub tokens: Vec<u32>,
+    /// The whole output text, cut before a matched stop string (empty without a tokenizer).
     pub text: String,
+    /// Why decoding ended: a stop token or string, or the `max_tokens` limit.
     pub finish: FinishReason,
+    /// Tokens in the prompt.
     pub prompt_tokens: usize,
     /// Prompt tokens whose prefill was taken from the prompt cache.
     pub cached_tokens: usize,
     /// Speculation counters (speculative sessions only).
     pub speculation: Option<SpecStats>,
+    /// Wall time of [`Session::start`], in milliseconds: the prompt-cache lookup, the prefill
+    /// and readying the first round.
     pub prefill_ms: f64,
+    /// Wall time from the end of [`Session::start`] to [`Session::finish`], in milliseconds.
     pub decode_ms: f64,
 }
 

@@ -9,12 +9,16 @@ use serde::Serialize;
 /// An error response.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {
+    /// The HTTP status: 400 for a request this server refuses, 500 for a failure serving it.
     pub status: StatusCode,
+    /// OpenAI's `message`: what went wrong, for a person (names the field and its value).
     pub message: String,
     /// OpenAI's `type`: `invalid_request_error` or `server_error`.
     pub kind: &'static str,
     /// The request field at fault, if one is.
     pub param: Option<String>,
+    /// OpenAI's `code`: a machine-readable reason where one applies (`model_not_found`,
+    /// `context_length_exceeded`), else null.
     pub code: Option<&'static str>,
 }
 
@@ -62,16 +66,23 @@ impl ApiError {
 /// An error response's body.
 #[derive(Clone, Debug, Serialize)]
 pub struct ErrorBody<'a> {
+    /// `error`: the one object OpenAI clients read an error from.
     pub error: ErrorDetail<'a>,
 }
 
 /// `error` of an error body.
 #[derive(Clone, Debug, Serialize)]
 pub struct ErrorDetail<'a> {
+    /// `message`: what went wrong, for a person; OpenAI clients raise it as the exception's
+    /// text.
     pub message: &'a str,
+    /// `type`: `invalid_request_error` (HTTP 400) or `server_error` (HTTP 500).
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// `param`: the request field at fault, as a path (`temperature`, `messages[0].content`);
+    /// null when no single field is.
     pub param: Option<&'a str>,
+    /// `code`: `model_not_found`, `context_length_exceeded`, or null.
     pub code: Option<&'static str>,
 }
 

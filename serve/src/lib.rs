@@ -8,6 +8,7 @@
 //! - [`mod@router`], [`server`]: axum routes, binding and graceful shutdown.
 //! - [`launch`]: the `dspark-serve` command line (its binary only parses and prints).
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod api_error;
 pub mod launch;

@@ -11,10 +11,17 @@ use crate::params::Endpoint;
 /// decoded speculatively.
 #[derive(Clone, Debug, Serialize)]
 pub struct Usage {
+    /// `prompt_tokens`: tokens in the prompt (for chat, the rendered conversation).
     pub prompt_tokens: usize,
+    /// `completion_tokens`: tokens generated (a stop token that ended decoding is not one).
     pub completion_tokens: usize,
+    /// `total_tokens`: `prompt_tokens` plus `completion_tokens`, what a client bills or
+    /// budgets context by.
     pub total_tokens: usize,
+    /// `prompt_tokens_details`: how much of the prompt the prompt cache served.
     pub prompt_tokens_details: PromptTokensDetails,
+    /// `speculation` (a dspark extension, absent for plain decoding): how the drafter fared
+    /// on this request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculation: Option<Speculation>,
 }
@@ -29,13 +36,25 @@ pub struct PromptTokensDetails {
 /// `usage.speculation`: drafted, accepted, rounds, τ and acceptance by block position.
 #[derive(Clone, Debug, Serialize)]
 pub struct Speculation {
+    /// `drafted`: draft tokens the target verified (after confidence pruning), over all rounds.
     pub drafted: usize,
+    /// `accepted`: draft tokens the target's verification accepted.
     pub accepted: usize,
+    /// `rounds`: speculative rounds, i.e. verify forwards of the target that carried at least
+    /// one draft.
     pub rounds: usize,
+    /// `plain_steps`: target forwards after the prefill that carried no draft (the last token
+    /// when only one was left to emit); not counted in `tau`.
     pub plain_steps: usize,
+    /// `tau`: τ, the mean tokens emitted per round, (`accepted` + `rounds`) / `rounds`; 0 with
+    /// no rounds. τ is the speed-up over plain decoding before the cost of drafting.
     pub tau: f64,
+    /// `acceptance_rate`: `accepted` / `drafted`, from 0 to 1; 0 when nothing was drafted.
     pub acceptance_rate: f64,
+    /// `drafted_by_position[i]`: rounds that verified a draft at block position i (0: the
+    /// first draft after the round's bonus token).
     pub drafted_by_position: Vec<usize>,
+    /// `accepted_by_position[i]`: rounds whose draft at block position i was accepted.
     pub accepted_by_position: Vec<usize>,
     /// Accepted over drafted at each position; null where nothing was drafted.
     pub acceptance_by_position: Vec<Option<f64>>,
@@ -80,11 +99,20 @@ impl Speculation {
 /// A completion, a chat completion, or a chunk of either's stream.
 #[derive(Clone, Debug, Serialize)]
 pub struct Body<'a> {
+    /// `id`: the request's id (`cmpl-N` or `chatcmpl-N`), the same on every chunk of a stream.
     pub id: &'a str,
+    /// `object`: `text_completion`, `chat.completion`, or `chat.completion.chunk` for a chat
+    /// stream's chunks.
     pub object: &'static str,
+    /// `created`: when the request arrived, in Unix seconds.
     pub created: u64,
+    /// `model`: the served model's id.
     pub model: &'a str,
+    /// `choices`: the one choice (`n` = 1); empty on the usage-only chunk.
     pub choices: Vec<Choice<'a>>,
+    /// `usage`: on a whole response, on a stream's last chunk (the one with
+    /// `finish_reason`), and on the usage-only chunk `stream_options.include_usage` adds;
+    /// absent on the other chunks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }
@@ -94,25 +122,58 @@ pub struct Body<'a> {
 #[serde(untagged)]
 pub enum Choice<'a> {
     /// `/v1/completions`, whole or streamed.
-    Text { index: u32, text: &'a str, finish_reason: Option<&'static str>, logprobs: () },
+    Text {
+        /// `index`: always 0, the one choice.
+        index: u32,
+        /// `text`: the whole completion, or the text this chunk adds (empty on the last).
+        text: &'a str,
+        /// `finish_reason`: `stop` (a stop token or string) or `length` (`max_tokens`) once
+        /// the request has ended; null on earlier chunks.
+        finish_reason: Option<&'static str>,
+        /// `logprobs`: always null (logprobs are not returned).
+        logprobs: (),
+    },
     /// `/v1/chat/completions`, whole.
-    Message { index: u32, message: Message<'a>, finish_reason: Option<&'static str>, logprobs: () },
+    Message {
+        /// `index`: always 0, the one choice.
+        index: u32,
+        /// `message`: the assistant's reply.
+        message: Message<'a>,
+        /// `finish_reason`: `stop` (a stop token or string) or `length` (`max_tokens` or
+        /// `max_completion_tokens`).
+        finish_reason: Option<&'static str>,
+        /// `logprobs`: always null (logprobs are not returned).
+        logprobs: (),
+    },
     /// `/v1/chat/completions`, streamed.
-    Delta { index: u32, delta: Delta<'a>, finish_reason: Option<&'static str>, logprobs: () },
+    Delta {
+        /// `index`: always 0, the one choice.
+        index: u32,
+        /// `delta`: what this chunk adds to the assistant's message.
+        delta: Delta<'a>,
+        /// `finish_reason`: `stop` or `length` on the last chunk; null on earlier ones.
+        finish_reason: Option<&'static str>,
+        /// `logprobs`: always null (logprobs are not returned).
+        logprobs: (),
+    },
 }
 
 /// The assistant's message of a whole chat completion.
 #[derive(Clone, Debug, Serialize)]
 pub struct Message<'a> {
+    /// `role`: always `assistant`.
     pub role: &'static str,
+    /// `content`: the generated text, cut before a matched stop string.
     pub content: &'a str,
 }
 
 /// What a chat stream chunk adds to the message (`{}` on the last chunk).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Delta<'a> {
+    /// `role`: `assistant` on the stream's first chunk only; absent after.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
+    /// `content`: the text this chunk adds (empty on the first chunk); absent on the last.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
 }
@@ -120,9 +181,13 @@ pub struct Delta<'a> {
 /// What every body of one request shares.
 #[derive(Clone, Debug)]
 pub struct Envelope {
+    /// The endpoint the request came to: it picks the choice shape and `object`.
     pub endpoint: Endpoint,
+    /// The request's `id` (`cmpl-N` or `chatcmpl-N`), also its label in the engine's log.
     pub id: String,
+    /// The request's `created`, in Unix seconds.
     pub created: u64,
+    /// The served model's id, echoed as `model`.
     pub model: String,
 }
 
@@ -187,16 +252,22 @@ impl Envelope {
 /// `GET /v1/models`.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModelList<'a> {
+    /// `object`: always `list`.
     pub object: &'static str,
+    /// `data`: the one model this server serves.
     pub data: [ModelCard<'a>; 1],
 }
 
 /// The served model in the list.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModelCard<'a> {
+    /// `id`: the model id, what a request's `model` must name (or omit).
     pub id: &'a str,
+    /// `object`: always `model`.
     pub object: &'static str,
+    /// `created`: always 0 (a local checkpoint has no publication time).
     pub created: u64,
+    /// `owned_by`: always `dspark`.
     pub owned_by: &'static str,
 }
 
@@ -210,7 +281,10 @@ impl<'a> ModelList<'a> {
 /// `GET /health`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Health<'a> {
+    /// `status`: `ok` whenever the server answers (the engine has loaded the model).
     pub status: &'static str,
+    /// `model`: the served model's id.
     pub model: &'a str,
+    /// `requests`: queued, active, completed, cancelled and failed request counts.
     pub requests: RequestCounts,
 }

@@ -17,14 +17,21 @@ use crate::api_error::ApiError;
 /// Which endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
+    /// `POST /v1/completions`: a `prompt` (text or token ids), answered with text.
     Completions,
+    /// `POST /v1/chat/completions`: `messages`, rendered by the chat template, answered with
+    /// an assistant message.
     Chat,
 }
 
 /// A validated request.
 #[derive(Clone, Debug)]
 pub struct Parsed {
+    /// What the engine decodes: prompt ids, sampler, `max_tokens`, seed and stop strings.
     pub request: Request,
+    /// `stream`: answer as server-sent events (an SSE chunk for each round that released
+    /// text, a last chunk with `finish_reason`, then `data: [DONE]`) rather than one JSON
+    /// body.
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage and no choices.
     pub include_usage: bool,
@@ -34,31 +41,53 @@ pub struct Parsed {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, expecting = "a JSON object")]
 pub struct Fields {
+    /// `model`: must be the served model's id when given.
     pub model: Option<String>,
     /// `/v1/completions`.
     pub prompt: Option<Prompt>,
     /// `/v1/chat/completions`.
     pub messages: Option<Vec<ChatMessage>>,
+    /// `n`: choices per request; only 1 is served.
     pub n: Option<i64>,
+    /// `stream`: answer with SSE chunks (default false).
     pub stream: Option<bool>,
+    /// `stream_options`: read only when streaming.
     pub stream_options: Option<StreamOptions>,
+    /// `temperature`: sampling temperature (default 1; 0 is greedy).
     pub temperature: Option<f64>,
+    /// `top_p`: nucleus sampling mass, in (0, 1] (default 1: off).
     pub top_p: Option<f64>,
+    /// `min_p`: drop tokens below this fraction of the top token's probability, in [0, 1]
+    /// (default 0: off).
     pub min_p: Option<f64>,
+    /// `top_k`: sample among the k likeliest tokens (0 or -1, the default: off).
     pub top_k: Option<i64>,
+    /// `seed`: the sampler's seed, for reproducible sampling (default: a fresh one).
     pub seed: Option<u64>,
+    /// `stop`: up to 16 non-empty stop strings, matched on the decoded text.
     pub stop: Option<Stop>,
+    /// `max_tokens`: most tokens to generate (default 16 for completions, 256 for chat, each
+    /// bounded by the context left after the prompt).
     pub max_tokens: Option<i64>,
     /// Chat's newer name for `max_tokens`; wins when both are given.
     pub max_completion_tokens: Option<i64>,
     // Refused unless absent or "off", whatever their type: their values are never used.
+    /// `best_of`: refused unless 1 (one candidate per request).
     pub best_of: Option<Value>,
+    /// `echo`: refused unless false (the prompt is not echoed).
     pub echo: Option<Value>,
+    /// `logprobs`: refused unless false or 0 (no logprobs are returned).
     pub logprobs: Option<Value>,
+    /// `top_logprobs`: refused unless 0 (no logprobs are returned).
     pub top_logprobs: Option<Value>,
+    /// `presence_penalty`: refused unless 0 (a penalty would change the target's
+    /// distribution, which lossless speculative decoding preserves).
     pub presence_penalty: Option<Value>,
+    /// `frequency_penalty`: refused unless 0, as `presence_penalty`.
     pub frequency_penalty: Option<Value>,
+    /// `suffix`: always refused (no insertion mode).
     pub suffix: Option<Value>,
+    /// `tools`: refused unless an empty list (no tool calls).
     pub tools: Option<Value>,
 }
 
@@ -66,8 +95,11 @@ pub struct Fields {
 #[derive(Debug, Deserialize)]
 #[serde(untagged, expecting = "expected a string or a list of token ids")]
 pub enum Prompt {
+    /// A text prompt, encoded with the tokenizer's special tokens.
     Text(String),
+    /// Token ids, each checked against the vocabulary.
     Ids(Vec<u64>),
+    /// A list of prompts; only a list of exactly one is served.
     Batch(Vec<OnePrompt>),
 }
 
@@ -75,7 +107,9 @@ pub enum Prompt {
 #[derive(Debug, Deserialize)]
 #[serde(untagged, expecting = "expected a string or a list of token ids")]
 pub enum OnePrompt {
+    /// A text prompt, as [`Prompt::Text`].
     Text(String),
+    /// Token ids, as [`Prompt::Ids`].
     Ids(Vec<u64>),
 }
 
@@ -84,7 +118,9 @@ pub enum OnePrompt {
 #[derive(Debug, Deserialize)]
 #[serde(expecting = "an object with 'role' and 'content'")]
 pub struct ChatMessage {
+    /// `role`: `system`, `developer`, `user`, `assistant` or `tool`; required.
     pub role: Option<String>,
+    /// `content`: required, except that an `assistant` message may leave it out.
     pub content: Option<Content>,
 }
 
@@ -92,15 +128,19 @@ pub struct ChatMessage {
 #[derive(Debug, Deserialize)]
 #[serde(untagged, expecting = "expected a string or a list of text parts")]
 pub enum Content {
+    /// A plain string.
     Text(String),
+    /// Content parts, concatenated; each must be `{"type": "text", "text": …}`.
     Parts(Vec<ContentPart>),
 }
 
 /// One part of a message's content.
 #[derive(Debug, Deserialize)]
 pub struct ContentPart {
+    /// `type`: only `text` is served (no images or audio).
     #[serde(rename = "type")]
     pub kind: Option<String>,
+    /// `text`: the part's text, required for a `text` part.
     pub text: Option<String>,
 }
 
@@ -108,6 +148,7 @@ pub struct ContentPart {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, expecting = "an object")]
 pub struct StreamOptions {
+    /// `include_usage`: end the stream with a chunk carrying `usage` and no choices.
     pub include_usage: Option<bool>,
 }
 
@@ -115,7 +156,9 @@ pub struct StreamOptions {
 #[derive(Debug, Deserialize)]
 #[serde(untagged, expecting = "expected a string or a list of strings")]
 pub enum Stop {
+    /// One stop string.
     One(String),
+    /// Several stop strings; decoding ends at the first that appears.
     Many(Vec<String>),
 }
 
