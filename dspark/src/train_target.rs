@@ -8,8 +8,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use train::bpe::{train_bpe, write_tokenizer, SPECIALS};
+use train::bpe::{train_bpe, SPECIALS};
 use train::corpus::{list_sources, read_split, stdlib_dir, Split};
+use train::target_checkpoint::{byte_bigram_bits_per_byte, shipped_model, write_target_checkpoint};
 use train::target_train::{init_params, small_config, train_target, TargetTrainConfig};
 
 /// Arguments of `dspark train-target`.
@@ -56,35 +57,8 @@ pub struct Args {
     eval_every: u64,
 }
 
-/// Bits per byte of an add-one-smoothed byte bigram fitted on `train`, on `val`: the baseline
-/// the model's bits per byte is reported against.
-fn byte_bigram_bpb(train: &[&str], val: &[&str]) -> f64 {
-    let mut counts = vec![[1u32; 256]; 256];
-    let mut totals = vec![256u64; 256];
-    for t in train {
-        for w in t.as_bytes().windows(2) {
-            counts[w[0] as usize][w[1] as usize] += 1;
-            totals[w[0] as usize] += 1;
-        }
-    }
-    let (mut bits, mut n) = (0f64, 0u64);
-    for t in val {
-        for w in t.as_bytes().windows(2) {
-            let p = counts[w[0] as usize][w[1] as usize] as f64 / totals[w[0] as usize] as f64;
-            bits -= p.log2();
-            n += 1;
-        }
-    }
-    bits / n.max(1) as f64
-}
-
 /// The prompts of the three greedy continuations in the report.
 const SAMPLE_PROMPTS: [&str; 3] = ["def fibonacci(n):", "import os\n\n\ndef ", "class Stack:\n"];
-
-/// The PSF notice shipped next to weights trained on the standard library.
-const PSF_NOTICE: &str = "The weights in this directory were trained by dspark-rs on the source code of the Python\n\
-standard library, Copyright (c) 2001 Python Software Foundation; All Rights Reserved,\n\
-distributed under the PSF License Agreement (https://docs.python.org/3/license.html).\n";
 
 /// A settings error worded with the flag that sets the field (`seq_len` → `--seq-len`).
 fn flag_error(e: train::Error) -> String {
@@ -170,7 +144,7 @@ pub fn run(a: Args) -> Result<()> {
     bar.finish();
     let tr: Vec<&str> = train_docs.iter().map(|d| d.1.as_str()).collect();
     let va: Vec<&str> = val_docs.iter().map(|d| d.1.as_str()).collect();
-    let baseline = byte_bigram_bpb(&tr, &va);
+    let baseline = byte_bigram_bits_per_byte(&tr, &va);
     eprintln!(
         "dspark: validation {:.3} → {:.3} bits per byte (byte-bigram baseline {baseline:.3}) in {:.1} min",
         bpb(report.initial_val_loss),
@@ -180,9 +154,7 @@ pub fn run(a: Args) -> Result<()> {
 
     // What the model writes: greedy continuations of three code prompts, from the weights as
     // shipped (bf16), so the report shows what users will see.
-    let shipped: Vec<mlx_core::Array> =
-        report.params.iter().map(|p| p.astype(mlx_core::Dtype::Bf16)).collect::<std::result::Result<_, _>>()?;
-    let model = train::target_train::model_from(&cfg, &report.names, &shipped)?;
+    let model = shipped_model(&cfg, &report)?;
     let mut samples = Vec::new();
     for prompt in SAMPLE_PROMPTS {
         let ids = tk.encode(prompt, true).map_err(|e| anyhow::anyhow!("encoding {prompt:?}: {e}"))?.get_ids().to_vec();
@@ -192,17 +164,6 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("dspark: greedy continuation of {prompt:?}:\n{prompt}{text}\n");
         samples.push(json!({"prompt": prompt, "continuation": text}));
     }
-    let staged = gemma4::checkpoint::StagedDir::new(&a.out, a.force)?;
-    let weights: std::collections::BTreeMap<String, mlx_core::Array> = report
-        .names
-        .iter()
-        .cloned()
-        .zip(report.params.iter().map(|p| p.astype(mlx_core::Dtype::Bf16)))
-        .map(|(n, p)| p.map(|p| (n, p)))
-        .collect::<std::result::Result<_, _>>()?;
-    gemma4::checkpoint::write_weights(staged.path(), &cfg, &weights, 1)?;
-    write_tokenizer(&tk, staged.path())?;
-    std::fs::write(staged.path().join("LICENSE-PSF.txt"), PSF_NOTICE)?;
     let summary = json!({
         "corpus": root, "train_files": train_docs.len(), "validation_files": val_docs.len(),
         "train_tokens": train_ids.len(), "validation_tokens": val_ids.len(), "bytes_per_token": bytes_per_token,
@@ -213,8 +174,7 @@ pub fn run(a: Args) -> Result<()> {
         "greedy_continuations": samples,
         "loss_curve": report.losses.iter().step_by(10).collect::<Vec<_>>(),
     });
-    std::fs::write(staged.path().join("train_report.json"), serde_json::to_string_pretty(&summary)?)?;
-    let dir = staged.commit()?;
+    let dir = write_target_checkpoint(&a.out, a.force, &cfg, &report, &tk, &summary)?;
     println!("{}", dir.display());
     Ok(())
 }

@@ -33,6 +33,7 @@ pub mod sampler;
 mod schedule;
 pub mod shards;
 mod state;
+pub mod target_checkpoint;
 pub mod target_train;
 
 pub use adamw::{AdamW, AdamWConfig};
