@@ -57,7 +57,8 @@ pub struct Args {
     #[arg(long)]
     prompt_file: Option<PathBuf>,
     /// Number of prompts (2 to 100000; `cargo xtask train-default` calibrates the default on 3000).
-    #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 40, allow_negative_numbers = true,
+          value_parser = engine::args::count(2, MAX_PROMPTS, "prompts (half fit, half held out)"))]
     prompts: usize,
     /// Tokens generated per prompt (at least 1).
     #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
@@ -109,10 +110,6 @@ fn settings(a: &Args) -> CalibrationSettings {
 fn check_flags(a: &Args) -> Result<()> {
     // The settings are named as their flags.
     settings(a).check().map_err(|e| anyhow::anyhow!("--{e}"))?;
-    // Prompts alternate between the fitting half and the held-out half: one is not enough.
-    if !(2..=MAX_PROMPTS).contains(&a.prompts) {
-        bail!("--prompts {}: expected 2 to {MAX_PROMPTS} prompts (half fit, half held out)", a.prompts);
-    }
     // Every output is checked before hours of speculative runs, not only after them.
     if let Some(out) = &a.out {
         refuse_nonempty_out(out)?;

@@ -13,9 +13,8 @@ use train::regen::{read_inputs, Encoder};
 /// Arguments of `dspark eval-drafter`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Target checkpoint.
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    model: engine::args::ModelDirArg,
     /// DSpark drafter checkpoint (e.g. `dspark train`'s OUT/best).
     #[arg(long)]
     drafter: PathBuf,
@@ -41,17 +40,18 @@ pub fn run(a: Args) -> Result<()> {
     if a.max_new < 2 || a.max_ctx == 0 {
         bail!("--max-new must be at least 2 and --max-ctx at least 1");
     }
-    crate::paths::refuse_drafter_as_model(&a.model, "--model")?;
+    crate::paths::refuse_drafter_as_model(&a.model.model, "--model")?;
     let texts = read_inputs(&a.prompts, "prompt")?;
     if texts.is_empty() {
         bail!("{}: no prompts in this file", a.prompts.display());
     }
-    let model = Model::load_as(&a.model, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
+    let model = Model::load_as(&a.model.model, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
         .map(|m| m.0)
-        .with_context(|| format!("loading the target {}", a.model.display()))?;
+        .with_context(|| format!("loading the target {}", a.model.model.display()))?;
     let mut drafter = DSparkDrafter::load(&a.drafter, model.config())
         .with_context(|| format!("loading the drafter {}", a.drafter.display()))?;
-    let tok = if a.model.join("tokenizer.json").is_file() { Some(Tokenizer::from_dir(&a.model)?) } else { None };
+    let tok =
+        if a.model.model.join("tokenizer.json").is_file() { Some(Tokenizer::from_dir(&a.model.model)?) } else { None };
     let enc = Encoder::new(tok.as_ref(), model.config().vocab_size, true)?;
     let prompts = texts
         .iter()

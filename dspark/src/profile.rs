@@ -18,28 +18,21 @@ pub struct Args {
     #[command(flatten)]
     drafter: DrafterArg,
     /// Longest verify window measured, in tokens (default: the drafter's γ + 1, else 9).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = engine::args::count(2, 64, "tokens"))]
     max_n: Option<usize>,
     /// Tokens in the cache before each timed forward.
-    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true,
+          value_parser = engine::args::count(2, usize::MAX, "tokens in the cache"))]
     context: usize,
     /// Timed repetitions per point (the median is stored).
-    #[arg(long, default_value_t = 7, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 7, allow_negative_numbers = true,
+          value_parser = engine::args::count(1, usize::MAX, "timed repetitions"))]
     repeats: usize,
     #[command(flatten)]
     compute: ComputeArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.context < 2 {
-        bail!("--context {}: expected at least 2 tokens in the cache", a.context);
-    }
-    if a.repeats == 0 {
-        bail!("--repeats 0: expected at least 1 timed repetition");
-    }
-    if a.max_n.is_some_and(|n| !(2..=64).contains(&n)) {
-        bail!("--max-n {}: expected 2 to 64 tokens", a.max_n.unwrap_or(0));
-    }
     let drafter_arg = crate::paths::drafter_choice(a.target.model.as_deref(), a.drafter.drafter.as_deref());
     let dir = crate::paths::select_target(a.target.model.as_deref(), drafter_arg, a.compute.device)?;
     // The cache must hold the context and the longest window: checked on config.json alone,

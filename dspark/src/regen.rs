@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use gemma4::tokenizer::Tokenizer;
-use gemma4::{ComputeDtype, Model};
+use gemma4::Model;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mlx_core::Device;
 use train::regen::{default_taps, read_input_lines, regen, validate_taps, RegenMode, RegenOptions};
 
 /// Arguments of `dspark regen`. Numeric options accept negative values at parse time so the
@@ -18,10 +17,9 @@ use train::regen::{default_taps, read_input_lines, regen, validate_taps, RegenMo
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompts", "from_text"])))]
 pub struct Args {
-    /// Target checkpoint directory (config.json, model*.safetensors, tokenizer.json; without a
-    /// tokenizer.json, inputs are token ids separated by commas or spaces).
-    #[arg(long)]
-    model: PathBuf,
+    // Without a tokenizer.json, inputs are token ids separated by commas or spaces.
+    #[command(flatten)]
+    model: engine::args::ModelDirArg,
     /// Prompts: one a line, plain text or JSON `{"prompt": "..."}`. The tokenizer's chat
     /// template (if any) is applied.
     #[arg(long)]
@@ -37,7 +35,8 @@ pub struct Args {
     #[arg(long, default_value_t = 128, allow_negative_numbers = true, conflicts_with = "from_text")]
     max_new: i64,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, conflicts_with = "from_text")]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, conflicts_with = "from_text",
+          value_parser = engine::args::temperature)]
     temperature: f64,
     /// Sampling seed; prompt i is sampled with seed + i.
     #[arg(long, default_value_t = 0, conflicts_with = "from_text")]
@@ -56,17 +55,13 @@ pub struct Args {
     /// and accept an --out that is not a regen directory.
     #[arg(long)]
     force: bool,
-    /// cpu or gpu (Metal on Apple Silicon, CUDA with the mlx-cuda wheels).
-    #[arg(long, default_value = "cpu")]
-    device: Device,
     /// Encode prompts as plain text even if the tokenizer has a chat template (for a base
     /// model continuing text, such as the embedded default continuing code).
     #[arg(long, conflicts_with = "from_text")]
     plain: bool,
-    /// Compute dtype (as for `generate`): auto computes in f32 on the CPU when it fits; the
-    /// stored rows are bf16 whatever it is.
-    #[arg(long, default_value = "auto")]
-    dtype: ComputeDtype,
+    // The stored rows are bf16 whatever the compute dtype.
+    #[command(flatten)]
+    compute: engine::args::ComputeArgs,
 }
 
 fn parse_taps(s: &str) -> Result<Vec<usize>> {
@@ -90,9 +85,6 @@ pub fn run(a: Args) -> Result<()> {
     let taps = a.taps.as_deref().map(parse_taps).transpose()?;
     let (mode, input, key) = match (&a.prompts, &a.from_text) {
         (Some(p), None) => {
-            if !(a.temperature.is_finite() && a.temperature >= 0.0) {
-                bail!("--temperature {}: must be a finite number >= 0 (0 is greedy)", a.temperature);
-            }
             let max_new = at_least("--max-new", a.max_new, 1)?;
             if a.max_len.is_some() {
                 bail!("--max-len applies to --from-text documents only; prompts are limited by --max-new");
@@ -104,27 +96,28 @@ pub fn run(a: Args) -> Result<()> {
         }
         _ => bail!("give exactly one of --prompts and --from-text"),
     };
-    if !a.device.is_available() {
-        bail!("--device {:?}: this MLX build has no such backend (MLX at {})", a.device, mlx_core::MLX_DIR);
+    if !a.compute.device.is_available() {
+        bail!("--device {:?}: this MLX build has no such backend (MLX at {})", a.compute.device, mlx_core::MLX_DIR);
     }
-    crate::paths::refuse_drafter_as_model(&a.model, "--model")?;
-    crate::paths::check_out_dir(&a.model, &a.out)?;
+    crate::paths::refuse_drafter_as_model(&a.model.model, "--model")?;
+    crate::paths::check_out_dir(&a.model.model, &a.out)?;
     let (labels, inputs): (Vec<String>, Vec<String>) = read_input_lines(input, key)?.into_iter().unzip();
     if inputs.is_empty() {
         bail!("{}: no {key}s in this file", input.display());
     }
 
-    a.device.set_default()?;
-    eprintln!("dspark: loading {}", a.model.display());
-    let (model, resolved) = Model::load_as(&a.model, a.dtype, a.device)
-        .with_context(|| format!("loading the model in {}", a.model.display()))?;
+    a.compute.device.set_default()?;
+    eprintln!("dspark: loading {}", a.model.model.display());
+    let (model, resolved) = Model::load_as(&a.model.model, a.compute.dtype, a.compute.device)
+        .with_context(|| format!("loading the model in {}", a.model.model.display()))?;
     eprintln!("dspark: computing in {}", resolved.describe());
     let layers = model.config().num_hidden_layers;
     let taps = taps.unwrap_or_else(|| default_taps(layers));
     validate_taps(&taps, layers).context("--taps")?;
-    let tokenizer = if a.model.join("tokenizer.json").is_file() { Some(Tokenizer::from_dir(&a.model)?) } else { None };
+    let tokenizer =
+        if a.model.model.join("tokenizer.json").is_file() { Some(Tokenizer::from_dir(&a.model.model)?) } else { None };
     if tokenizer.is_none() {
-        eprintln!("dspark: {} has no tokenizer.json; reading inputs as token ids", a.model.display());
+        eprintln!("dspark: {} has no tokenizer.json; reading inputs as token ids", a.model.model.display());
     }
 
     let bar = ProgressBar::with_draw_target(Some(inputs.len() as u64), ProgressDrawTarget::stderr());

@@ -16,9 +16,9 @@ use train::shards::list_shards;
 /// Arguments of `dspark train`.
 #[derive(clap::Args)]
 pub struct Args {
-    /// The frozen target checkpoint the data was regenerated from.
-    #[arg(long)]
-    model: PathBuf,
+    // The frozen target the data was regenerated from.
+    #[command(flatten)]
+    model: engine::args::ModelDirArg,
     /// Directories of shards written by `dspark regen`, comma-separated or the flag repeated
     /// (say greedy and sampled continuations): each is split into train / validation / test
     /// on its own and the slices are pooled.
@@ -28,32 +28,39 @@ pub struct Args {
     #[arg(long)]
     out: PathBuf,
     /// Drafts per block (γ).
-    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true,
+          value_parser = engine::args::count(1, usize::MAX, "drafts per block"))]
     gamma: usize,
     /// Backbone layers.
-    #[arg(long, default_value_t = 2, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 2, allow_negative_numbers = true,
+          value_parser = engine::args::count(1, usize::MAX, "layers"))]
     layers: usize,
     /// Backbone width.
-    #[arg(long, default_value_t = 128, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 128, allow_negative_numbers = true,
+          value_parser = engine::args::count(1, usize::MAX, "features"))]
     d_model: usize,
     /// Attention heads (must divide --d-model).
-    #[arg(long, default_value_t = 4, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true,
+          value_parser = engine::args::count(1, usize::MAX, "heads"))]
     heads: usize,
     /// Rank of the Markov head.
-    #[arg(long, default_value_t = 32, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true,
+          value_parser = engine::args::count(1, usize::MAX, "as the Markov head's rank"))]
     markov_rank: usize,
     #[arg(long, default_value_t = 1000, allow_negative_numbers = true)]
     steps: u64,
     /// Anchors per step.
-    #[arg(long, default_value_t = 16, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true,
+          value_parser = engine::args::count(1, usize::MAX, "anchors per step"))]
     batch: usize,
     /// Peak learning rate (AdamW, warmup then cosine to 10%).
-    #[arg(long, default_value_t = 3e-3, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 3e-3, allow_negative_numbers = true, value_parser = engine::args::positive)]
     lr: f64,
     #[arg(long, default_value_t = 50, allow_negative_numbers = true)]
     warmup: u64,
     /// Context rows before each anchor; also the trained drafter's context window at run time.
-    #[arg(long, default_value_t = 256, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 256, allow_negative_numbers = true,
+          value_parser = engine::args::count(1, usize::MAX, "context rows"))]
     max_ctx: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -74,19 +81,11 @@ pub struct Args {
 }
 
 fn check_flags(a: &Args) -> Result<()> {
-    for (flag, v) in [("--gamma", a.gamma), ("--layers", a.layers), ("--d-model", a.d_model), ("--heads", a.heads)] {
-        if v == 0 {
-            bail!("{flag} 0: expected at least 1");
-        }
-    }
-    if a.markov_rank == 0 || a.batch == 0 || a.max_ctx == 0 || a.steps == 0 || a.eval_every == 0 {
-        bail!("--markov-rank, --batch, --max-ctx, --steps and --eval-every must be at least 1");
+    if a.steps == 0 || a.eval_every == 0 {
+        bail!("--steps and --eval-every must be at least 1");
     }
     if !a.d_model.is_multiple_of(a.heads) {
         bail!("--heads {} does not divide --d-model {}", a.heads, a.d_model);
-    }
-    if !(a.lr.is_finite() && a.lr > 0.0) {
-        bail!("--lr {}: expected a positive learning rate", a.lr);
     }
     Ok(())
 }
@@ -100,7 +99,7 @@ pub fn peak_rss_mib() -> Option<f64> {
 
 pub fn run(a: Args) -> Result<()> {
     check_flags(&a)?;
-    crate::paths::refuse_drafter_as_model(&a.model, "--model")?;
+    crate::paths::refuse_drafter_as_model(&a.model.model, "--model")?;
     let has_run = a.out.join("state").exists() || a.out.join("best").exists();
     if has_run && !a.resume && !a.force {
         bail!(
@@ -111,9 +110,9 @@ pub fn run(a: Args) -> Result<()> {
     if a.resume && !a.out.join("state").exists() {
         bail!("--resume: {} has no saved state to continue", a.out.display());
     }
-    let model = Model::load_as(&a.model, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
+    let model = Model::load_as(&a.model.model, gemma4::ComputeDtype::Auto, mlx_core::Device::Cpu)
         .map(|m| m.0)
-        .with_context(|| format!("loading the target {}", a.model.display()))?;
+        .with_context(|| format!("loading the target {}", a.model.model.display()))?;
     let mut shards = Vec::new();
     for dir in &a.data {
         let found = list_shards(dir, None).with_context(|| format!("reading the shards in {}", dir.display()))?;
@@ -139,7 +138,7 @@ pub fn run(a: Args) -> Result<()> {
         conf_law: !a.paper_confidence,
         greedy_head: !a.paper_confidence,
     };
-    let name = a.model.file_name().and_then(|n| n.to_str()).unwrap_or("target");
+    let name = a.model.model.file_name().and_then(|n| n.to_str()).unwrap_or("target");
     let init = DSparkDrafter::init(cfg, model.config(), name, a.seed, false)?;
     let tc = DrafterTrainConfig {
         steps: a.steps,

@@ -158,9 +158,9 @@ fn calibrate_refuses_bad_flags_before_writing_anything() {
         (&["--target", "0"], "--target 0"),
         (&["--target", "1.5"], "--target 1.5"),
         (&["--tokens", "0"], "--tokens 0"),
-        (&["--prompts", "0"], "--prompts 0"),
-        (&["--prompts", "4000000000"], "--prompts 4000000000"),
-        (&["--prompts", "4294967296"], "--prompts 4294967296"),
+        (&["--prompts", "0"], "'0' for '--prompts"),
+        (&["--prompts", "4000000000"], "'4000000000' for '--prompts"),
+        (&["--prompts", "4294967296"], "'4294967296' for '--prompts"),
         (&["--prompts", "100001"], "expected 2 to 100000"),
         (&["--prompts", "1"], "expected 2 to 100000"),
         // Outputs that cannot be written are found before the decodes, not after them.
@@ -389,6 +389,11 @@ fn flags_out_of_the_models_range_are_refused_with_the_range() {
     // The context must fit the model's positions, found from config.json before the weights.
     let r = dspark(&home, &["profile", "--model", s(&model), "--drafter", "none", "--context", "100000"]);
     fails_with(&r, &["--context 100000", "max_position_embeddings"]);
+    // Counts out of their range are refused by the flag's parser, with the range.
+    let r = dspark(&home, &["profile", "--model", s(&model), "--drafter", "none", "--context", "1"]);
+    fails_with(&r, &["--context", "expected at least 2 tokens in the cache"]);
+    let r = dspark(&home, &["profile", "--model", s(&model), "--drafter", "none", "--max-n", "65"]);
+    fails_with(&r, &["--max-n", "expected 2 to 64 tokens"]);
     assert!(!model.join("dspark-profile.json").exists());
 }
 

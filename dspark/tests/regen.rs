@@ -88,7 +88,7 @@ fn regen_refusals_name_the_flag_or_line_and_write_nothing() {
         (&["--taps", "1,9"], &["--taps", "outside 0..=6"]),
         (&["--seqs-per-shard", "0"], &["--seqs-per-shard 0: must be at least 1"]),
         (&["--max-new", "-3"], &["--max-new -3"]),
-        (&["--temperature", "-1"], &["--temperature -1"]),
+        (&["--temperature", "-1"], &["'-1' for '--temperature", "got -1.0"]),
         (&["--max-len", "8"], &["--max-len", "--from-text"]),
     ] {
         let r = dspark(&home, &[&base[..], extra].concat());

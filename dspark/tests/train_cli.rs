@@ -19,7 +19,7 @@ fn train_refuses_bad_flags_and_an_occupied_out() {
     let (ok, e) = run(&["--heads", "3"]);
     assert!(!ok && e.contains("--heads 3 does not divide --d-model 128"), "{e}");
     let (ok, e) = run(&["--lr", "-1"]);
-    assert!(!ok && e.contains("--lr -1"), "{e}");
+    assert!(!ok && e.contains("'-1' for '--lr") && e.contains("greater than 0"), "{e}");
     let (ok, e) = run(&[]);
     assert!(!ok && e.contains("already holds a training run") && e.contains("--resume"), "{e}");
     let (ok, e) = run(&["--resume"]);

@@ -47,6 +47,36 @@ impl Default for ComputeArgs {
     }
 }
 
+/// `--model DIR` where a command needs a target checkpoint (no embedded default).
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelDirArg {
+    /// Target checkpoint directory (config.json, model*.safetensors and, for text, tokenizer.json;
+    /// HF or MLX-community naming).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+}
+
+/// A flag value parser for a count in `min..=max` (`usize::MAX`: no upper bound); `what` names
+/// the unit in the refusal ("prompts", "timed repetitions"). Negative numbers reach it (the
+/// commands allow them at parse time) so the refusal states the range.
+pub fn count(min: usize, max: usize, what: &'static str) -> impl Fn(&str) -> Result<usize, String> + Clone {
+    move |s: &str| {
+        let range = if max == usize::MAX { format!("at least {min} {what}") } else { format!("{min} to {max} {what}") };
+        match s.trim().parse::<usize>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(format!("expected {range}")),
+        }
+    }
+}
+
+/// A flag value parser for a finite number greater than 0 (learning rates, scales).
+pub fn positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err("expected a finite number greater than 0".into()),
+    }
+}
+
 /// A sampling temperature as a flag value: 0 (greedy) or a T whose 1/T is a normal f32
 /// ([`gemma4::sampling::check_temperature`]), refused by the parser with the range.
 pub fn temperature(s: &str) -> Result<f64, String> {
@@ -84,6 +114,16 @@ mod tests {
         assert_eq!(c.drafter.drafter.as_deref(), Some("none"));
         assert_eq!(c.compute.dtype, ComputeDtype::Bf16);
         assert_eq!(c.temperature, 0.7);
+        let count2 = count(2, 64, "tokens");
+        assert_eq!(count2("8"), Ok(8));
+        for bad in ["1", "65", "-3", "x", "18446744073709551616"] {
+            assert_eq!(count2(bad), Err("expected 2 to 64 tokens".to_string()), "{bad}");
+        }
+        assert_eq!(count(1, usize::MAX, "steps")("0"), Err("expected at least 1 steps".to_string()));
+        assert_eq!(positive("3e-3"), Ok(3e-3));
+        for bad in ["0", "-1", "nan", "inf"] {
+            assert!(positive(bad).is_err(), "{bad}");
+        }
         for bad in ["1e308", "1e-45", "-1", "hot"] {
             let e = Cli::try_parse_from(["x", "--temperature", bad]).err().expect(bad).to_string();
             assert!(e.contains("--temperature"), "{e}");
