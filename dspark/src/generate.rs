@@ -92,24 +92,16 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
 /// an endless device or a wrong file before it fills memory.
 const MAX_PROMPT_BYTES: u64 = 64 << 20;
 
-/// Reads `--prompt-file` (`-`: standard input) as UTF-8 text.
+/// Reads `--prompt-file` (`-`: standard input) as UTF-8 text. Opened as given, so a pipe
+/// (`<(…)`) works too; the size bound is what keeps an endless source out.
 fn read_prompt_file(path: &std::path::Path) -> Result<String> {
-    use std::io::Read;
-    let (what, reader): (String, Box<dyn Read>) = if path.as_os_str() == "-" {
-        ("standard input".into(), Box::new(std::io::stdin().lock()))
+    let text = if path.as_os_str() == "-" {
+        mlx_core::files::read_text_from(std::io::stdin().lock(), MAX_PROMPT_BYTES)
     } else {
-        let f = std::fs::File::open(path).with_context(|| format!("--prompt-file: cannot open {}", path.display()))?;
-        (path.display().to_string(), Box::new(f))
+        std::fs::File::open(path).and_then(|f| mlx_core::files::read_text_from(f, MAX_PROMPT_BYTES))
     };
-    let mut bytes = Vec::new();
-    reader
-        .take(MAX_PROMPT_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("--prompt-file: cannot read {what}"))?;
-    if bytes.len() as u64 > MAX_PROMPT_BYTES {
-        bail!("--prompt-file: {what} holds more than {} MiB; expected a prompt", MAX_PROMPT_BYTES >> 20);
-    }
-    String::from_utf8(bytes).map_err(|e| anyhow::anyhow!("--prompt-file: {what} is not UTF-8 text ({e})"))
+    let what = if path.as_os_str() == "-" { "standard input".to_string() } else { path.display().to_string() };
+    text.with_context(|| format!("--prompt-file: cannot read {what}"))
 }
 
 /// Runs the subcommand: flags are checked first, then the model (and drafter) load, and the

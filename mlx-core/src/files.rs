@@ -27,22 +27,26 @@ pub fn read_text(path: &Path, limit: u64) -> std::io::Result<String> {
         let kind = if meta.is_dir() { "a directory" } else { "not a regular file (a device, pipe or socket)" };
         return Err(Error::new(ErrorKind::InvalidInput, format!("{kind}; expected a regular file")));
     }
-    let too_big = |n: u64| {
-        Error::new(
-            ErrorKind::InvalidData,
-            format!("{n} bytes or more; a file of this kind holds at most {}", human(limit)),
-        )
-    };
     if meta.len() > limit {
-        return Err(too_big(meta.len()));
+        return Err(too_big(meta.len(), limit));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
     // A file that grows after the check still stops at the limit.
-    std::fs::File::open(path)?.take(limit + 1).read_to_end(&mut bytes)?;
+    read_text_from(std::fs::File::open(path)?, limit)
+}
+
+/// Reads UTF-8 text from `reader` (standard input, a pipe), stopping with an error past `limit`
+/// bytes instead of reading on.
+pub fn read_text_from(reader: impl Read, limit: u64) -> std::io::Result<String> {
+    let mut bytes = Vec::new();
+    reader.take(limit + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
-        return Err(too_big(bytes.len() as u64));
+        return Err(too_big(bytes.len() as u64, limit));
     }
     String::from_utf8(bytes).map_err(|e| Error::new(ErrorKind::InvalidData, format!("not UTF-8 text ({e})")))
+}
+
+fn too_big(n: u64, limit: u64) -> Error {
+    Error::new(ErrorKind::InvalidData, format!("{n} bytes or more; a file of this kind holds at most {}", human(limit)))
 }
 
 /// Replaces `path` with `bytes` atomically (see the module docs).

@@ -259,7 +259,10 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
     }
     let top_k = match f.top_k {
         None | Some(-1) | Some(0) => 0,
-        Some(k) if k > 0 && (k as u64) < info.vocab as u64 => k as usize,
+        // The vocabulary rule is the sampler's own (gemma4::sampling::check_top_k).
+        Some(k) if usize::try_from(k).is_ok_and(|k| k > 0 && gemma4::sampling::check_top_k(k, info.vocab).is_ok()) => {
+            k as usize
+        }
         Some(k) => {
             return Err(bad(
                 "top_k",
