@@ -112,14 +112,40 @@ impl ChatTemplate {
     /// The text of a conversation: `messages` is a JSON list of `{"role", "content", …}`
     /// objects, passed to the template as they are.
     pub fn render_messages(&self, messages: &Value, add_generation_prompt: bool) -> Result<String, ChatTemplateError> {
+        self.render_chat(&ChatInput { messages, tools: None, kwargs: None, add_generation_prompt })
+    }
+
+    /// The text of a conversation with tool declarations and extra template variables, as
+    /// `apply_chat_template(messages, tools=…, add_generation_prompt=…, **kwargs)` renders it.
+    pub fn render_chat(&self, input: &ChatInput<'_>) -> Result<String, ChatTemplateError> {
         let env = self.env();
         let tmpl = env.template_from_str(&self.source).map_err(|e| self.error(e))?;
         let mut ctx: BTreeMap<&str, minijinja::Value> =
             self.vars.iter().map(|(k, v)| (k.as_str(), minijinja::Value::from(v.as_str()))).collect();
-        ctx.insert("messages", minijinja::Value::from_serialize(messages));
-        ctx.insert("add_generation_prompt", minijinja::Value::from(add_generation_prompt));
+        for (k, v) in input.kwargs.into_iter().flatten() {
+            ctx.insert(k.as_str(), minijinja::Value::from_serialize(v));
+        }
+        ctx.insert("messages", minijinja::Value::from_serialize(input.messages));
+        // `tools` is None (falsy) without declarations, as transformers passes it.
+        ctx.insert("tools", input.tools.map_or(minijinja::Value::from(()), minijinja::Value::from_serialize));
+        ctx.insert("add_generation_prompt", minijinja::Value::from(input.add_generation_prompt));
         tmpl.render(ctx).map_err(|e| self.error(e))
     }
+}
+
+/// A conversation to render: see [`ChatTemplate::render_chat`].
+#[derive(Clone, Copy, Debug)]
+pub struct ChatInput<'a> {
+    /// A JSON list of messages (`role`, `content`, and `tool_calls`, `tool_call_id`, `name`
+    /// where they apply), passed to the template as they are.
+    pub messages: &'a Value,
+    /// The tool declarations (a JSON list of `{"type": "function", "function": {…}}`), if any.
+    pub tools: Option<&'a Value>,
+    /// Extra template variables (OpenAI-compatible servers' `chat_template_kwargs`, such as
+    /// `enable_thinking`); the names above take precedence.
+    pub kwargs: Option<&'a serde_json::Map<String, Value>>,
+    /// Append the prompt that opens the assistant's turn.
+    pub add_generation_prompt: bool,
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 
 mod attention;
 pub mod cache;
+pub mod chat_markup;
 pub mod chat_template;
 pub mod checkpoint;
 pub mod compute;

@@ -166,6 +166,28 @@ impl Tokenizer {
         })
     }
 
+    /// The text of `ids`, special tokens left out except those in `kept` (markup such as
+    /// Gemma-4's tool-call markers, which a chat parser must see), whose text is kept.
+    pub fn decode_keeping(&self, ids: &[u32], kept: &[u32]) -> Result<String, TokenizerError> {
+        if kept.is_empty() {
+            return self.decode(ids);
+        }
+        let mut text = String::new();
+        // Runs between kept tokens decode as usual; a special token never merges with its
+        // neighbours, so this equals one decode with those tokens' text spliced in.
+        for run in ids.split_inclusive(|id| kept.contains(id)) {
+            let (last, body) = match run.split_last() {
+                Some((last, body)) if kept.contains(last) => (Some(*last), body),
+                _ => (None, run),
+            };
+            text.push_str(&self.decode(body)?);
+            if let Some(id) = last {
+                text.push_str(&self.inner.id_to_token(id).unwrap_or_default());
+            }
+        }
+        Ok(text)
+    }
+
     /// The id of `token` in the vocabulary.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

@@ -23,13 +23,25 @@ fn tok_err(what: &str) -> impl Fn(tokenizers::Error) -> Error + '_ {
 
 /// Trains a byte-level BPE of `vocab_size` tokens (specials included) on `texts`.
 pub fn train_bpe<'a>(texts: impl Iterator<Item = &'a str> + Send, vocab_size: usize) -> Result<Tokenizer> {
-    if vocab_size < 256 + SPECIALS.len() {
+    train_bpe_with(texts, vocab_size, &[])
+}
+
+/// [`train_bpe`] with `markers` as further special tokens (ids 3.., in order): markup a chat
+/// format writes, each encoded as one token and never merged with text.
+pub fn train_bpe_with<'a>(
+    texts: impl Iterator<Item = &'a str> + Send,
+    vocab_size: usize,
+    markers: &[&str],
+) -> Result<Tokenizer> {
+    let reserved = 256 + SPECIALS.len() + markers.len();
+    if vocab_size < reserved {
         return Err(Error::Invalid {
             what: "vocab_size".into(),
-            detail: format!("{vocab_size}: a byte-level BPE needs at least {} tokens", 256 + SPECIALS.len()),
+            detail: format!("{vocab_size}: a byte-level BPE needs at least {reserved} tokens"),
         });
     }
-    let specials: Vec<AddedToken> = SPECIALS.iter().map(|s| AddedToken::from(s.to_string(), true)).collect();
+    let specials: Vec<AddedToken> =
+        SPECIALS.iter().chain(markers).map(|s| AddedToken::from(s.to_string(), true)).collect();
     let mut trainer = BpeTrainerBuilder::new()
         .vocab_size(vocab_size)
         .min_frequency(2)
@@ -66,6 +78,11 @@ pub const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}# {
 /// Writes `tokenizer.json` and a `tokenizer_config.json` naming bos, eos, pad and the
 /// [`CHAT_TEMPLATE`] into `dir`.
 pub fn write_tokenizer(tk: &Tokenizer, dir: &Path) -> Result<()> {
+    write_tokenizer_with_template(tk, dir, CHAT_TEMPLATE)
+}
+
+/// [`write_tokenizer`] with another chat template.
+pub fn write_tokenizer_with_template(tk: &Tokenizer, dir: &Path, template: &str) -> Result<()> {
     let path = dir.join("tokenizer.json");
     tk.save(&path, false).map_err(tok_err("writing tokenizer.json"))?;
     let config = json!({
@@ -73,7 +90,7 @@ pub fn write_tokenizer(tk: &Tokenizer, dir: &Path) -> Result<()> {
         "bos_token": SPECIALS[2], "eos_token": SPECIALS[1], "pad_token": SPECIALS[0],
         "add_bos_token": true, "add_eos_token": false,
         "model_max_length": 4096,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template,
     });
     let cpath = dir.join("tokenizer_config.json");
     std::fs::write(&cpath, serde_json::to_string_pretty(&config).unwrap_or_default())

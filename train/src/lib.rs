@@ -35,6 +35,7 @@ pub mod shards;
 mod state;
 pub mod target_checkpoint;
 pub mod target_train;
+pub mod tool_chat;
 
 pub use adamw::{AdamW, AdamWConfig};
 pub use clip::clip_global_norm;
