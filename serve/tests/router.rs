@@ -13,7 +13,7 @@ use gemma4::tokenizer::Tokenizer;
 use gemma4::Model;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use serve::{router, Engine, EngineConfig};
+use serve::{router, Engine, EngineConfig, RouterConfig};
 use tower::ServiceExt;
 
 use common::{drafter_dir, engine, target_dir};
@@ -22,7 +22,7 @@ const LIMIT: usize = 64 * 1024;
 
 fn app(engine: Engine) -> (Router, Arc<Engine>) {
     let e = Arc::new(engine);
-    (router(Arc::clone(&e), LIMIT), e)
+    (router(Arc::clone(&e), RouterConfig::new(LIMIT)), e)
 }
 
 async fn call(app: &Router, method: &str, path: &str, body: impl Into<Body>) -> (StatusCode, Vec<u8>) {
