@@ -70,17 +70,14 @@ fn streamed_text(frames: &[Value]) -> (String, Value) {
 async fn malformed_requests_get_400_naming_the_field_and_the_server_keeps_serving() {
     let (app, _e) = app(engine(true, 2));
     let long_prompt = "t5 ".repeat(4200);
-    let huge = "x".repeat(LIMIT + 10);
     let c = "/v1/completions";
     let ch = "/v1/chat/completions";
     let raw: Vec<(&str, String, Option<&str>)> = vec![
         (c, "{bad".into(), None),
         (c, "[1, 2]".into(), None),
         (c, "".into(), None),
-        (c, format!("{{\"prompt\": \"{huge}\"}}"), None),
     ];
     let cases: Vec<(&str, Value, &str)> = vec![
-        (c, json!({"model": "nope", "prompt": "t5"}), "model"),
         (c, json!({"model": 5, "prompt": "t5"}), "model"),
         (c, json!({"prompt": "t5", "temperature": -0.5}), "temperature"),
         (c, json!({"prompt": "t5", "temperature": "hot"}), "temperature"),
