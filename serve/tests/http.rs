@@ -161,9 +161,12 @@ async fn response_ids_are_random_and_prefixed() {
     let chat = json!({"messages": [{"role": "user", "content": "t5"}], "max_tokens": 1});
     let comp = json!({"prompt": "t5", "max_tokens": 1});
     let mut seen = Vec::new();
-    for (path, body, prefix) in
-        [("/v1/completions", &comp, "cmpl-"), ("/v1/completions", &comp, "cmpl-"), ("/v1/chat/completions", &chat, "chatcmpl-"), ("/v1/chat/completions", &chat, "chatcmpl-")]
-    {
+    for (path, body, prefix) in [
+        ("/v1/completions", &comp, "cmpl-"),
+        ("/v1/completions", &comp, "cmpl-"),
+        ("/v1/chat/completions", &chat, "chatcmpl-"),
+        ("/v1/chat/completions", &chat, "chatcmpl-"),
+    ] {
         let (s, v) = post(&app, path, body).await;
         assert_eq!(s, StatusCode::OK, "{v}");
         let id = v["id"].as_str().unwrap().to_string();
@@ -177,7 +180,8 @@ async fn response_ids_are_random_and_prefixed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_format_other_than_text_is_refused() {
     let app = app_with(RouterConfig::new(LIMIT));
-    let chat = |rf: Value| json!({"messages": [{"role": "user", "content": "t5"}], "max_tokens": 1, "response_format": rf});
+    let chat =
+        |rf: Value| json!({"messages": [{"role": "user", "content": "t5"}], "max_tokens": 1, "response_format": rf});
     for rf in [json!({"type": "json_object"}), json!({"type": "json_schema", "json_schema": {"name": "x"}})] {
         let (s, v) = post(&app, "/v1/chat/completions", &chat(rf)).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
@@ -219,7 +223,9 @@ async fn an_api_key_guards_every_route_but_health() {
 // ---- A real listener: timeouts and shutdown (the raw clients block, on blocking threads) ----
 
 /// A server on 127.0.0.1 with `cfg`; sending on (or dropping) the sender shuts it down.
-async fn start(cfg: ServerConfig) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+async fn start(
+    cfg: ServerConfig,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -252,7 +258,10 @@ fn read_until_closed(conn: &mut TcpStream, within: Duration) -> String {
     let text = String::from_utf8_lossy(&out).into_owned();
     // A reset after the server dropped the socket counts as closed too.
     if let Err(e) = r {
-        assert!(!matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "still open after {within:?}; got {text:?}");
+        assert!(
+            !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            "still open after {within:?}; got {text:?}"
+        );
     }
     assert!(t0.elapsed() <= within + Duration::from_millis(200), "closed only after {:?}", t0.elapsed());
     text
@@ -354,7 +363,9 @@ async fn shutdown_closes_a_stalled_connection_after_the_grace_period() {
     let (addr, stop, task) = start(short(1, 30)).await;
     let (mut stalled, mut idle) = tokio::task::spawn_blocking(move || {
         let mut stalled = TcpStream::connect(addr).unwrap();
-        stalled.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":").unwrap();
+        stalled
+            .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+            .unwrap();
         let mut idle = TcpStream::connect(addr).unwrap();
         idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
         assert!(read_response(&mut idle).starts_with("HTTP/1.1 200"));

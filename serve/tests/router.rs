@@ -72,11 +72,8 @@ async fn malformed_requests_get_400_naming_the_field_and_the_server_keeps_servin
     let long_prompt = "t5 ".repeat(4200);
     let c = "/v1/completions";
     let ch = "/v1/chat/completions";
-    let raw: Vec<(&str, String, Option<&str>)> = vec![
-        (c, "{bad".into(), None),
-        (c, "[1, 2]".into(), None),
-        (c, "".into(), None),
-    ];
+    let raw: Vec<(&str, String, Option<&str>)> =
+        vec![(c, "{bad".into(), None), (c, "[1, 2]".into(), None), (c, "".into(), None)];
     let cases: Vec<(&str, Value, &str)> = vec![
         (c, json!({"model": 5, "prompt": "t5"}), "model"),
         (c, json!({"prompt": "t5", "temperature": -0.5}), "temperature"),
