@@ -2,10 +2,14 @@
 //! checked first, then the model (and drafters) load and the server runs until SIGINT/SIGTERM.
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use engine::args::{ComputeArgs, DrafterArg, TargetArg};
 use engine::selection::{drafter_choice, drafter_dir, select_target};
 use engine::{Engine, EngineConfig, Error, Result, Schedule};
+
+use crate::router::RouterConfig;
+use crate::server::ServerConfig;
 
 /// Arguments of `dspark-serve`.
 #[derive(clap::Args)]
@@ -36,6 +40,22 @@ pub struct Args {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = crate::DEFAULT_BODY_LIMIT)]
     max_body_bytes: usize,
+    /// Seconds a client has to send a request's whole body (408 past it).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout_secs: u64,
+    /// Seconds a client has to send a request's head (the connection closes past it).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    header_timeout_secs: u64,
+    /// Seconds a keep-alive connection may wait idle for its next request.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout_secs: u64,
+    /// Seconds a shutdown (SIGINT/SIGTERM) waits for requests in flight before closing their
+    /// connections.
+    #[arg(long, default_value_t = 10)]
+    shutdown_grace_secs: u64,
+    /// Require `Authorization: Bearer KEY` on every route but `GET /health`.
+    #[arg(long, env = "DSPARK_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     /// The model id clients name (default: the checkpoint directory's name).
     #[arg(long)]
     model_id: Option<String>,
@@ -60,6 +80,9 @@ pub fn run(a: Args, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
     }
     if a.prefill_step == 0 {
         return Err(refuse("--prefill-step", "must be at least 1"));
+    }
+    if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        return Err(refuse("--api-key", "must not be empty"));
     }
     let throughput_schedule = match a.schedule {
         Schedule::Auto => true,
@@ -99,5 +122,15 @@ pub fn run(a: Args, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
         info.context,
         a.max_concurrency
     );
-    crate::server::run(engine, SocketAddr::new(a.host, a.port), a.max_body_bytes, on_listening)
+    let server = ServerConfig {
+        router: RouterConfig {
+            body_limit: a.max_body_bytes,
+            body_timeout: Duration::from_secs(a.body_timeout_secs),
+            api_key: a.api_key,
+        },
+        header_timeout: Duration::from_secs(a.header_timeout_secs),
+        idle_timeout: Duration::from_secs(a.idle_timeout_secs),
+        shutdown_grace: Duration::from_secs(a.shutdown_grace_secs),
+    };
+    crate::server::run(engine, SocketAddr::new(a.host, a.port), server, on_listening)
 }

@@ -5,12 +5,19 @@
 //! cache) is the `engine` crate's; this crate is its HTTP front end.
 //!
 //! - [`params`], [`openai`], [`api_error`]: the OpenAI request and response shapes.
-//! - [`mod@router`], [`server`]: axum routes, binding and graceful shutdown.
+//! - [`mod@router`], [`body`], [`auth`], [`ids`]: axum routes, request body limits, the API
+//!   key, response ids.
+//! - [`server`], [`conn`]: binding, the accept loop with its per-connection timeouts, and
+//!   graceful shutdown.
 //! - [`launch`]: the `dspark-serve` command line (its binary only parses and prints).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod api_error;
+pub mod auth;
+pub mod body;
+pub mod conn;
+pub mod ids;
 pub mod launch;
 pub mod openai;
 pub mod params;
@@ -20,4 +27,5 @@ pub mod server;
 // The paths these had when they lived here.
 pub use engine::{chat, prompt_cache, session, text};
 pub use engine::{Engine, EngineConfig, Error, Event, Job, ModelInfo, Outcome, Request, Result, Session, StepOut};
-pub use router::{router, DEFAULT_BODY_LIMIT};
+pub use router::{router, RouterConfig, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT};
+pub use server::ServerConfig;

@@ -99,7 +99,8 @@ impl Speculation {
 /// A completion, a chat completion, or a chunk of either's stream.
 #[derive(Clone, Debug, Serialize)]
 pub struct Body<'a> {
-    /// `id`: the request's id (`cmpl-N` or `chatcmpl-N`), the same on every chunk of a stream.
+    /// `id`: the request's id (`cmpl-…` or `chatcmpl-…` and random hex), the same on every
+    /// chunk of a stream.
     pub id: &'a str,
     /// `object`: `text_completion`, `chat.completion`, or `chat.completion.chunk` for a chat
     /// stream's chunks.
@@ -110,9 +111,9 @@ pub struct Body<'a> {
     pub model: &'a str,
     /// `choices`: the one choice (`n` = 1); empty on the usage-only chunk.
     pub choices: Vec<Choice<'a>>,
-    /// `usage`: on a whole response, on a stream's last chunk (the one with
-    /// `finish_reason`), and on the usage-only chunk `stream_options.include_usage` adds;
-    /// absent on the other chunks.
+    /// `usage`: on a whole response, and on a stream's usage-only chunk (the one
+    /// `stream_options.include_usage` adds); absent on every other chunk, so a client that
+    /// sums usage over chunks counts it once.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }
@@ -183,7 +184,8 @@ pub struct Delta<'a> {
 pub struct Envelope {
     /// The endpoint the request came to: it picks the choice shape and `object`.
     pub endpoint: Endpoint,
-    /// The request's `id` (`cmpl-N` or `chatcmpl-N`), also its label in the engine's log.
+    /// The request's `id` (`cmpl-…` or `chatcmpl-…`, see [`crate::ids`]), also its label in
+    /// the engine's log.
     pub id: String,
     /// The request's `created`, in Unix seconds.
     pub created: u64,
@@ -232,9 +234,10 @@ impl Envelope {
         self.body(true, vec![choice], None)
     }
 
-    /// The last chunk of a stream: the finish reason, and the usage.
+    /// The last chunk of a stream: the finish reason (the usage, if asked for, follows in
+    /// [`Envelope::usage_chunk`]).
     pub fn last_chunk<'a>(&'a self, o: &Outcome) -> Body<'a> {
-        Body { usage: Some(Usage::of(o)), ..self.chunk("", Some(o.finish.as_str())) }
+        self.chunk("", Some(o.finish.as_str()))
     }
 
     /// The chat stream's first chunk: the assistant role, no content yet.
@@ -271,10 +274,17 @@ pub struct ModelCard<'a> {
     pub owned_by: &'static str,
 }
 
+impl<'a> ModelCard<'a> {
+    /// The card of the served model (`GET /v1/models/{id}`).
+    pub fn of(id: &'a str) -> ModelCard<'a> {
+        ModelCard { id, object: "model", created: 0, owned_by: "dspark" }
+    }
+}
+
 impl<'a> ModelList<'a> {
     /// The list of the one model served.
     pub fn of(id: &'a str) -> ModelList<'a> {
-        ModelList { object: "list", data: [ModelCard { id, object: "model", created: 0, owned_by: "dspark" }] }
+        ModelList { object: "list", data: [ModelCard::of(id)] }
     }
 }
 

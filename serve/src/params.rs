@@ -89,6 +89,8 @@ pub struct Fields {
     pub suffix: Option<Value>,
     /// `tools`: refused unless an empty list (no tool calls).
     pub tools: Option<Value>,
+    /// `response_format`: refused unless `{"type": "text"}` (no JSON mode or schemas).
+    pub response_format: Option<Value>,
 }
 
 /// A completion prompt: text, token ids, or a batch (of which one prompt is served).
@@ -222,9 +224,9 @@ pub fn parse(endpoint: Endpoint, body: &[u8], info: &ModelInfo) -> Result<Parsed
 /// Checks deserialized fields against the served model and builds the request.
 pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parsed, ApiError> {
     if let Some(m) = f.model.as_ref().filter(|m| **m != info.id) {
-        return Err(ApiError::invalid_code(
-            "model",
-            "model_not_found",
+        return Err(ApiError::not_found(
+            Some("model"),
+            Some("model_not_found"),
             format!("the model '{m}' does not exist; this server serves '{}'", info.id),
         ));
     }
@@ -241,6 +243,7 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
     only_off(&f.frequency_penalty, "frequency_penalty", &zero, penalties)?;
     only_off(&f.suffix, "suffix", &[], "no insertion mode")?;
     only_off(&f.tools, "tools", &[Value::Array(vec![])], "no tool calls")?;
+    only_off(&f.response_format, "response_format", &[serde_json::json!({"type": "text"})], "text output only")?;
 
     let stream = f.stream.unwrap_or(false);
     let include_usage = f.stream_options.and_then(|o| o.include_usage).unwrap_or(false);

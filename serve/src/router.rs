@@ -1,5 +1,7 @@
 //! The HTTP routes (axum): `POST /v1/completions`, `POST /v1/chat/completions`,
-//! `GET /v1/models`, `GET /health`. Handlers validate the body ([`crate::params`]), queue a
+//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`. Bodies are read whole first
+//! ([`crate::body`]), and with an API key every route but `/health` checks it
+//! ([`crate::auth`]); errors, 404 and 405 included, are JSON in OpenAI's shape. Handlers validate the body ([`crate::params`]), queue a
 //! job on the engine and answer with the whole response or a server-sent-event stream (one
 //! `data: {…}` chunk per emitted piece, then `data: [DONE]`). A stream owns the job's event
 //! receiver, so a client that goes away drops it and the engine cancels the job before its
@@ -7,13 +9,14 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -23,12 +26,42 @@ use serde::Serialize;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::api_error::ApiError;
-use crate::openai::{Envelope, Health, ModelList};
+use crate::auth::require_key;
+use crate::body::{read_body, BodyPolicy};
+use crate::ids;
+use crate::openai::{Envelope, Health, ModelCard, ModelList};
 use crate::params::{parse, Endpoint};
 
-/// Request bodies larger than this are refused (HTTP 400), unless the router is built with
+/// Request bodies larger than this are refused (HTTP 413), unless the router is built with
 /// another limit.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
+
+/// The longest wait for a request's whole body, unless the router is built with another.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the routes enforce besides the API itself.
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    /// Largest accepted request body, in bytes (413 past it).
+    pub body_limit: usize,
+    /// Longest wait for a request's whole body (408 past it).
+    pub body_timeout: Duration,
+    /// When set, every route but `GET /health` needs `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+}
+
+impl RouterConfig {
+    /// Bodies up to `body_limit` bytes, the default body timeout, no API key.
+    pub fn new(body_limit: usize) -> RouterConfig {
+        RouterConfig { body_limit, body_timeout: DEFAULT_BODY_TIMEOUT, api_key: None }
+    }
+}
+
+impl Default for RouterConfig {
+    fn default() -> RouterConfig {
+        RouterConfig::new(DEFAULT_BODY_LIMIT)
+    }
+}
 
 #[derive(Clone)]
 struct App {
@@ -36,16 +69,25 @@ struct App {
     body_limit: usize,
 }
 
-/// The routes over `engine`, refusing bodies over `body_limit` bytes.
-pub fn router(engine: Arc<Engine>, body_limit: usize) -> Router {
-    Router::new()
+/// The routes over `engine`, with `cfg`'s body limits and API key.
+pub fn router(engine: Arc<Engine>, cfg: RouterConfig) -> Router {
+    let policy = BodyPolicy { limit: cfg.body_limit, timeout: cfg.body_timeout };
+    let app = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(list_models))
+        .route("/v1/models/{id}", get(model_card))
         .route("/health", get(health))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(App { engine, body_limit })
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(cfg.body_limit))
+        .layer(from_fn_with_state(policy, read_body))
+        .with_state(App { engine, body_limit: cfg.body_limit });
+    // Outermost, so a request without the key is refused before its body is read.
+    match cfg.api_key {
+        Some(key) => app.layer(from_fn_with_state(Arc::<str>::from(key), require_key)),
+        None => app,
+    }
 }
 
 async fn health(State(app): State<App>) -> Response {
@@ -57,11 +99,29 @@ async fn list_models(State(app): State<App>) -> Response {
     Json(ModelList::of(&app.engine.info().id)).into_response()
 }
 
+async fn model_card(State(app): State<App>, Path(id): Path<String>) -> Response {
+    let served = &app.engine.info().id;
+    if id == *served {
+        return Json(ModelCard::of(served)).into_response();
+    }
+    ApiError::not_found(
+        Some("model"),
+        Some("model_not_found"),
+        format!("the model '{id}' does not exist; this server serves '{served}'"),
+    )
+    .into_response()
+}
+
+const ROUTES: &str = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health";
+
 async fn not_found() -> Response {
-    let mut e =
-        ApiError::invalid(None, "no such route; see /v1/completions, /v1/chat/completions, /v1/models, /health");
-    e.status = axum::http::StatusCode::NOT_FOUND;
-    e.into_response()
+    ApiError::not_found(None, None, format!("no such route; see {ROUTES}")).into_response()
+}
+
+// axum adds the `Allow` header to this fallback's answer.
+async fn method_not_allowed() -> Response {
+    ApiError::http(StatusCode::METHOD_NOT_ALLOWED, format!("this route does not take that method; see {ROUTES}"))
+        .into_response()
 }
 
 async fn completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -71,8 +131,6 @@ async fn completions(State(app): State<App>, body: Result<Bytes, BytesRejection>
 async fn chat(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
     handle(app, Endpoint::Chat, body).await
 }
-
-static REQUESTS: AtomicU64 = AtomicU64::new(0);
 
 async fn handle(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
     match respond(app, endpoint, body).await {
@@ -90,14 +148,13 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
     })?;
     let info = Arc::clone(app.engine.info());
     let parsed = parse(endpoint, &body, &info)?;
-    let n = REQUESTS.fetch_add(1, Ordering::Relaxed);
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
         Endpoint::Chat => "chatcmpl",
     };
     let env = Envelope {
         endpoint,
-        id: format!("{prefix}-{n}"),
+        id: ids::fresh(prefix).map_err(|e| ApiError::internal(format!("no random source for the response id: {e}")))?,
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         model: info.id.clone(),
     };
@@ -185,6 +242,7 @@ impl ChunkStream {
             }
             Event::Done(o) => {
                 self.queue.push_back(frame(&self.env.last_chunk(&o)));
+                // The usage travels once, on its own chunk, and only when asked for.
                 if self.include_usage {
                     self.queue.push_back(frame(&self.env.usage_chunk(&o)));
                 }

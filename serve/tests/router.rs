@@ -13,7 +13,7 @@ use gemma4::tokenizer::Tokenizer;
 use gemma4::Model;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use serve::{router, Engine, EngineConfig};
+use serve::{router, Engine, EngineConfig, RouterConfig};
 use tower::ServiceExt;
 
 use common::{drafter_dir, engine, target_dir};
@@ -22,7 +22,7 @@ const LIMIT: usize = 64 * 1024;
 
 fn app(engine: Engine) -> (Router, Arc<Engine>) {
     let e = Arc::new(engine);
-    (router(Arc::clone(&e), LIMIT), e)
+    (router(Arc::clone(&e), RouterConfig::new(LIMIT)), e)
 }
 
 async fn call(app: &Router, method: &str, path: &str, body: impl Into<Body>) -> (StatusCode, Vec<u8>) {
@@ -70,17 +70,11 @@ fn streamed_text(frames: &[Value]) -> (String, Value) {
 async fn malformed_requests_get_400_naming_the_field_and_the_server_keeps_serving() {
     let (app, _e) = app(engine(true, 2));
     let long_prompt = "t5 ".repeat(4200);
-    let huge = "x".repeat(LIMIT + 10);
     let c = "/v1/completions";
     let ch = "/v1/chat/completions";
-    let raw: Vec<(&str, String, Option<&str>)> = vec![
-        (c, "{bad".into(), None),
-        (c, "[1, 2]".into(), None),
-        (c, "".into(), None),
-        (c, format!("{{\"prompt\": \"{huge}\"}}"), None),
-    ];
+    let raw: Vec<(&str, String, Option<&str>)> =
+        vec![(c, "{bad".into(), None), (c, "[1, 2]".into(), None), (c, "".into(), None)];
     let cases: Vec<(&str, Value, &str)> = vec![
-        (c, json!({"model": "nope", "prompt": "t5"}), "model"),
         (c, json!({"model": 5, "prompt": "t5"}), "model"),
         (c, json!({"prompt": "t5", "temperature": -0.5}), "temperature"),
         (c, json!({"prompt": "t5", "temperature": "hot"}), "temperature"),
