@@ -212,7 +212,14 @@ pub fn run(a: Args) -> Result<()> {
         }
         None => spec_decode::Pruning::Off,
     };
-    let req = Request { prompt: prompt.clone(), generate: cfg.clone(), stop: a.stop.clone(), gamma: a.gamma, pruning };
+    let req = Request {
+        prompt: prompt.clone(),
+        generate: cfg.clone(),
+        stop: a.stop.clone(),
+        gamma: a.gamma,
+        pruning,
+        kept_tokens: Vec::new(),
+    };
     // The server's decoding path: the same session type, run to the end here.
     let mut drafter = drafter;
     if a.compare {

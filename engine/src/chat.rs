@@ -6,7 +6,7 @@
 //! encoded like a plain prompt (with the tokenizer's special tokens), as mlx-lm's server falls
 //! back to a plain rendering.
 
-use gemma4::chat_template::{ChatTemplate, ChatTemplateError};
+use gemma4::chat_template::{ChatInput, ChatTemplate, ChatTemplateError};
 use gemma4::tokenizer::{Tokenizer, TokenizerError};
 use serde_json::Value;
 
@@ -39,6 +39,20 @@ pub fn chat_ids(tok: &Tokenizer, template: Option<&ChatTemplate>, messages: &Val
             Ok(text_ids(tok, &parts.join("\n"))?)
         }
     }
+}
+
+/// The ids of a conversation rendered with tools and template variables (`input`), followed
+/// by `reply_prefix`: text the reply is made to start with (a tool call a request forces),
+/// which the model then continues.
+pub fn chat_input_ids(
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    input: &ChatInput<'_>,
+    reply_prefix: &str,
+) -> Result<Vec<u32>, ChatError> {
+    let mut text = template.render_chat(input)?;
+    text.push_str(reply_prefix);
+    Ok(tok.encode(&text, false)?)
 }
 
 /// A one-message user conversation.

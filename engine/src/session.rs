@@ -35,6 +35,9 @@ pub struct Request {
     pub gamma: Option<usize>,
     /// Confidence pruning of speculative rounds.
     pub pruning: Pruning,
+    /// Special tokens whose text the output keeps (chat markup a parser reads, such as
+    /// Gemma-4's tool-call markers); other special tokens are left out of the text.
+    pub kept_tokens: Vec<u32>,
 }
 
 /// What one step emitted.
@@ -152,7 +155,7 @@ impl<'m, 't> Session<'m, 't> {
         };
         Ok(Session {
             decoding,
-            text: tok.map(|t| TextStream::new(t, &req.stop)),
+            text: tok.map(|t| TextStream::keeping(t, &req.stop, &req.kept_tokens)),
             stop_tokens: gen.stop_tokens.clone(),
             tokens: Vec::new(),
             finish: None,

@@ -10,6 +10,8 @@ use gemma4::tokenizer::{Tokenizer, TokenizerError};
 pub struct TextStream<'t> {
     tok: &'t Tokenizer,
     stops: Vec<String>,
+    /// Special tokens whose text is kept.
+    kept: Vec<u32>,
     ids: Vec<u32>,
     /// The decoded text the emitted pieces are measured against.
     decoded: String,
@@ -30,8 +32,15 @@ pub struct Piece {
 impl<'t> TextStream<'t> {
     /// A stream over `tok`; empty stop strings are ignored.
     pub fn new(tok: &'t Tokenizer, stops: &[String]) -> TextStream<'t> {
+        TextStream::keeping(tok, stops, &[])
+    }
+
+    /// A stream that keeps the text of the special tokens `kept` (see
+    /// [`Tokenizer::decode_keeping`]).
+    pub fn keeping(tok: &'t Tokenizer, stops: &[String], kept: &[u32]) -> TextStream<'t> {
         let stops = stops.iter().filter(|s| !s.is_empty()).cloned().collect();
-        TextStream { tok, stops, ids: Vec::new(), decoded: String::new(), sent: 0, stopped: false }
+        let kept = kept.to_vec();
+        TextStream { tok, stops, kept, ids: Vec::new(), decoded: String::new(), sent: 0, stopped: false }
     }
 
     /// Adds a token and returns the text it releases. After a stop string matched, tokens add
@@ -41,7 +50,7 @@ impl<'t> TextStream<'t> {
             return Ok(Piece { text: String::new(), stopped: true });
         }
         self.ids.push(id);
-        let text = self.tok.decode(&self.ids)?;
+        let text = self.tok.decode_keeping(&self.ids, &self.kept)?;
         if !text.starts_with(&self.decoded[..self.sent]) {
             // The decoding of earlier ids changed (a tokenizer that merges across tokens): what
             // was sent stays sent, and later pieces are measured against the new text.

@@ -31,6 +31,7 @@ fn request(prompt: &[u32], sampler: &SamplerConfig, seed: u64, max_tokens: usize
         stop: vec![],
         gamma: None,
         pruning: Pruning::Off,
+        kept_tokens: vec![],
     }
 }
 

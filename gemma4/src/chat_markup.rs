@@ -79,6 +79,8 @@ enum State {
 #[derive(Clone, Debug)]
 pub struct OutputParser {
     state: State,
+    /// Read tool calls (off: their text is content, as when a request's tools are off).
+    tool_calls: bool,
     /// Text not yet classified.
     buf: String,
 }
@@ -92,7 +94,12 @@ impl Default for OutputParser {
 impl OutputParser {
     /// A parser at the start of a model turn.
     pub fn new() -> OutputParser {
-        OutputParser { state: State::Content, buf: String::new() }
+        OutputParser { state: State::Content, tool_calls: true, buf: String::new() }
+    }
+
+    /// A parser that separates thinking but leaves tool-call markup in the content.
+    pub fn without_tool_calls() -> OutputParser {
+        OutputParser { tool_calls: false, ..OutputParser::new() }
     }
 
     /// Adds generated text; returns the parts it completes, in order.
@@ -104,6 +111,7 @@ impl OutputParser {
                 State::Content => {
                     let next = [(TOOL_CALL_START, State::ToolCall), (CHANNEL_START, State::Channel { named: false })]
                         .into_iter()
+                        .filter(|(_, s)| self.tool_calls || *s != State::ToolCall)
                         .filter_map(|(m, s)| self.buf.find(m).map(|at| (at, m.len(), s)))
                         .min_by_key(|(at, _, _)| *at);
                     match next {
@@ -113,7 +121,9 @@ impl OutputParser {
                             self.state = state;
                         }
                         None => {
-                            let keep = held_back(&self.buf, &[TOOL_CALL_START, CHANNEL_START]);
+                            let markers: &[&str] =
+                                if self.tool_calls { &[TOOL_CALL_START, CHANNEL_START] } else { &[CHANNEL_START] };
+                            let keep = held_back(&self.buf, markers);
                             let ready = self.buf.len() - keep;
                             emit(&mut out, Part::Content(self.buf[..ready].to_string()));
                             self.buf.drain(..ready);
@@ -391,6 +401,15 @@ mod tests {
         let cut = "<|tool_call>call:f{a:<|\"|>Par";
         assert_eq!(OutputParser::parse(cut), vec![Part::Content(cut.into())]);
         assert_eq!(OutputParser::parse("a<|chan"), vec![Part::Content("a<|chan".into())]);
+    }
+
+    #[test]
+    fn tool_calls_can_be_left_as_text() {
+        let text = "<|channel>thought\nx<channel|>a<|tool_call>call:f{}<tool_call|>";
+        let mut p = OutputParser::without_tool_calls();
+        let mut parts = p.push(text);
+        parts.extend(p.finish());
+        assert_eq!(parts, vec![Part::Reasoning("x".into()), Part::Content("a<|tool_call>call:f{}<tool_call|>".into())]);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! statistics in `usage.speculation`. The decoding itself (sessions, the engine, the prompt
 //! cache) is the `engine` crate's; this crate is its HTTP front end.
 //!
-//! - [`params`], [`openai`], [`api_error`]: the OpenAI request and response shapes.
+//! - [`params`], [`chat_request`], [`openai`], [`reply`], [`api_error`]: the OpenAI request
+//!   and response shapes, tool calls and thinking included.
 //! - [`mod@router`], [`body`], [`auth`], [`ids`]: axum routes, request body limits, the API
 //!   key, response ids.
 //! - [`server`], [`conn`]: binding, the accept loop with its per-connection timeouts, and
@@ -16,11 +17,13 @@
 pub mod api_error;
 pub mod auth;
 pub mod body;
+pub mod chat_request;
 pub mod conn;
 pub mod ids;
 pub mod launch;
 pub mod openai;
 pub mod params;
+pub mod reply;
 pub mod router;
 pub mod server;
 

@@ -6,6 +6,14 @@ use serde::Serialize;
 use spec_decode::SpecStats;
 
 use crate::params::Endpoint;
+use crate::reply::{finish_reason, Reply, ToolCallOut};
+
+/// One SSE frame's JSON (serializing these bodies cannot fail: their keys are strings).
+pub fn frame(body: &impl Serialize) -> String {
+    serde_json::to_string(body).unwrap_or_else(|_| {
+        r#"{"error": {"message": "a chunk could not be serialized", "type": "server_error"}}"#.to_string()
+    })
+}
 
 /// `usage`: prompt and completion tokens, plus the speculation counters when the request was
 /// decoded speculatively.
@@ -140,8 +148,8 @@ pub enum Choice<'a> {
         index: u32,
         /// `message`: the assistant's reply.
         message: Message<'a>,
-        /// `finish_reason`: `stop` (a stop token or string) or `length` (`max_tokens` or
-        /// `max_completion_tokens`).
+        /// `finish_reason`: `stop` (a stop token or string), `length` (`max_tokens` or
+        /// `max_completion_tokens`) or `tool_calls` (the reply called tools).
         finish_reason: Option<&'static str>,
         /// `logprobs`: always null (logprobs are not returned).
         logprobs: (),
@@ -152,7 +160,8 @@ pub enum Choice<'a> {
         index: u32,
         /// `delta`: what this chunk adds to the assistant's message.
         delta: Delta<'a>,
-        /// `finish_reason`: `stop` or `length` on the last chunk; null on earlier ones.
+        /// `finish_reason`: `stop`, `length` or `tool_calls` on the last chunk; null on
+        /// earlier ones.
         finish_reason: Option<&'static str>,
         /// `logprobs`: always null (logprobs are not returned).
         logprobs: (),
@@ -164,8 +173,15 @@ pub enum Choice<'a> {
 pub struct Message<'a> {
     /// `role`: always `assistant`.
     pub role: &'static str,
-    /// `content`: the generated text, cut before a matched stop string.
-    pub content: &'a str,
+    /// `content`: the generated text, cut before a matched stop string, without thinking or
+    /// tool-call markup; null when the reply is only tool calls.
+    pub content: Option<&'a str>,
+    /// `reasoning_content`: the thinking text, when the model thought (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
+    /// `tool_calls`: the calls the reply made (absent when none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<&'a [ToolCallOut]>,
 }
 
 /// What a chat stream chunk adds to the message (`{}` on the last chunk).
@@ -177,6 +193,12 @@ pub struct Delta<'a> {
     /// `content`: the text this chunk adds (empty on the first chunk); absent on the last.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
+    /// `reasoning_content`: thinking text this chunk adds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<&'a str>,
+    /// `tool_calls`: a call completed in this chunk, whole (with its `index`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
 }
 
 /// What every body of one request shares.
@@ -203,19 +225,45 @@ impl Envelope {
         Body { id: &self.id, object, created: self.created, model: &self.model, choices, usage }
     }
 
-    /// The whole (non-streamed) response.
-    pub fn full<'a>(&'a self, o: &'a Outcome) -> Body<'a> {
-        let finish_reason = Some(o.finish.as_str());
-        let choice = match self.endpoint {
-            Endpoint::Completions => Choice::Text { index: 0, text: &o.text, finish_reason, logprobs: () },
-            Endpoint::Chat => Choice::Message {
+    /// The whole (non-streamed) response; a chat reply is read as `reply` (its markup) says.
+    pub fn full<'a>(&'a self, o: &'a Outcome, reply: Option<&'a Reply>) -> Body<'a> {
+        let choice = match (self.endpoint, reply) {
+            (Endpoint::Completions, _) => {
+                Choice::Text { index: 0, text: &o.text, finish_reason: Some(o.finish.as_str()), logprobs: () }
+            }
+            (Endpoint::Chat, None) => Choice::Message {
                 index: 0,
-                message: Message { role: "assistant", content: &o.text },
-                finish_reason,
+                message: Message {
+                    role: "assistant",
+                    content: Some(&o.text),
+                    reasoning_content: None,
+                    tool_calls: None,
+                },
+                finish_reason: Some(o.finish.as_str()),
                 logprobs: (),
             },
+            (Endpoint::Chat, Some(r)) => {
+                let calls = !r.tool_calls.is_empty();
+                let message = Message {
+                    role: "assistant",
+                    content: (!calls || !r.content.is_empty()).then_some(r.content.as_str()),
+                    reasoning_content: (!r.reasoning.is_empty()).then_some(r.reasoning.as_str()),
+                    tool_calls: calls.then_some(r.tool_calls.as_slice()),
+                };
+                Choice::Message {
+                    index: 0,
+                    message,
+                    finish_reason: Some(finish_reason(o.finish, r.tool_calls.len())),
+                    logprobs: (),
+                }
+            }
         };
         self.body(false, vec![choice], Some(Usage::of(o)))
+    }
+
+    /// A chat stream chunk adding `delta`.
+    pub fn delta_chunk(&self, delta: Delta<'_>) -> String {
+        frame(&self.body(true, vec![Choice::Delta { index: 0, delta, finish_reason: None, logprobs: () }], None))
     }
 
     /// A stream chunk carrying `text` (chat: as a content delta), and `finish` on the last.
@@ -226,7 +274,7 @@ impl Envelope {
                 let delta = if finish.is_some() && text.is_empty() {
                     Delta::default()
                 } else {
-                    Delta { role: None, content: Some(text) }
+                    Delta { content: Some(text), ..Delta::default() }
                 };
                 Choice::Delta { index: 0, delta, finish_reason: finish, logprobs: () }
             }
@@ -234,15 +282,15 @@ impl Envelope {
         self.body(true, vec![choice], None)
     }
 
-    /// The last chunk of a stream: the finish reason (the usage, if asked for, follows in
-    /// [`Envelope::usage_chunk`]).
-    pub fn last_chunk<'a>(&'a self, o: &Outcome) -> Body<'a> {
-        self.chunk("", Some(o.finish.as_str()))
+    /// The last chunk of a stream: the finish reason, `tool_calls` when the reply made
+    /// `calls` and stopped (the usage, if asked for, follows in [`Envelope::usage_chunk`]).
+    pub fn last_chunk<'a>(&'a self, o: &Outcome, calls: usize) -> Body<'a> {
+        self.chunk("", Some(finish_reason(o.finish, calls)))
     }
 
     /// The chat stream's first chunk: the assistant role, no content yet.
     pub fn role_chunk(&self) -> Body<'_> {
-        let delta = Delta { role: Some("assistant"), content: Some("") };
+        let delta = Delta { role: Some("assistant"), content: Some(""), ..Delta::default() };
         self.body(true, vec![Choice::Delta { index: 0, delta, finish_reason: None, logprobs: () }], None)
     }
 

@@ -5,14 +5,15 @@
 //! OpenAI-compatible servers do; known fields this server cannot honour (`n` > 1, `logprobs`,
 //! `echo`, penalties, …) are refused rather than silently dropped.
 
-use engine::chat::{chat_ids, text_ids, ChatError};
+use engine::chat::text_ids;
 use engine::{ModelInfo, Request};
 use gemma4::generate::GenerateConfig;
 use gemma4::sampling::SamplerConfig;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api_error::ApiError;
+use crate::chat_request::{chat_prompt, ChatFields, ReplyFormat};
 
 /// Which endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +36,8 @@ pub struct Parsed {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage and no choices.
     pub include_usage: bool,
+    /// How a chat reply is read (thinking and tool calls); plain text for completions.
+    pub reply: ReplyFormat,
 }
 
 /// The fields of either endpoint's body that this server reads (null counts as absent).
@@ -87,8 +90,15 @@ pub struct Fields {
     pub frequency_penalty: Option<Value>,
     /// `suffix`: always refused (no insertion mode).
     pub suffix: Option<Value>,
-    /// `tools`: refused unless an empty list (no tool calls).
+    /// `tools`: function declarations the chat template shows the model
+    /// ([`crate::chat_request`]).
     pub tools: Option<Value>,
+    /// `tool_choice`: `none`, `auto` (the default with tools), `required`, or a named function.
+    pub tool_choice: Option<Value>,
+    /// `parallel_tool_calls`: accepted; the model may make several calls in one reply.
+    pub parallel_tool_calls: Option<bool>,
+    /// `chat_template_kwargs`: extra variables for the chat template (`enable_thinking`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// `response_format`: refused unless `{"type": "text"}` (no JSON mode or schemas).
     pub response_format: Option<Value>,
 }
@@ -124,6 +134,14 @@ pub struct ChatMessage {
     pub role: Option<String>,
     /// `content`: required, except that an `assistant` message may leave it out.
     pub content: Option<Content>,
+    /// `tool_calls` of an assistant message: `[{"id", "type": "function", "function":
+    /// {"name", "arguments"}}]`, checked in [`crate::chat_request`].
+    pub tool_calls: Option<Value>,
+    /// `tool_call_id` of a `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// `name`: of a `tool` message, the function that answered (else looked up by
+    /// `tool_call_id`); of others, the participant's name, passed to the template.
+    pub name: Option<String>,
 }
 
 /// A message's content: text, or a list of parts (of which only text parts are served).
@@ -164,20 +182,12 @@ pub enum Stop {
     Many(Vec<String>),
 }
 
-/// A checked chat message, as the chat template reads it.
-#[derive(Serialize)]
-struct PlainMessage {
-    role: String,
-    content: String,
-}
-
 /// Default completion budget of `/v1/completions` (OpenAI's) and of chat (bounded by the
 /// context left).
 const DEFAULT_MAX_TOKENS: usize = 16;
 const DEFAULT_CHAT_MAX_TOKENS: usize = 256;
 /// Stop strings one request may give.
 const MAX_STOPS: usize = 16;
-const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 fn bad(param: &str, msg: impl Into<String>) -> ApiError {
     ApiError::invalid(Some(param), msg)
@@ -242,7 +252,6 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
     only_off(&f.presence_penalty, "presence_penalty", &zero, penalties)?;
     only_off(&f.frequency_penalty, "frequency_penalty", &zero, penalties)?;
     only_off(&f.suffix, "suffix", &[], "no insertion mode")?;
-    only_off(&f.tools, "tools", &[Value::Array(vec![])], "no tool calls")?;
     only_off(&f.response_format, "response_format", &[serde_json::json!({"type": "text"})], "text output only")?;
 
     let stream = f.stream.unwrap_or(false);
@@ -289,9 +298,20 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
         return Err(bad("stop", "this model has no tokenizer, so stop strings cannot be matched"));
     }
 
+    let (mut kept_tokens, mut reply) = (Vec::new(), ReplyFormat::default());
     let (prompt, prompt_field) = match endpoint {
         Endpoint::Completions => (completion_prompt(f.prompt, info)?, "prompt"),
-        Endpoint::Chat => (chat_prompt(f.messages, info)?, "messages"),
+        Endpoint::Chat => {
+            let fields = ChatFields {
+                messages: f.messages,
+                tools: f.tools,
+                tool_choice: f.tool_choice,
+                kwargs: f.chat_template_kwargs,
+            };
+            let chat = chat_prompt(fields, info)?;
+            (kept_tokens, reply) = (chat.kept_tokens, chat.reply);
+            (checked_ids(chat.ids.into_iter().map(u64::from), info, "messages")?, "messages")
+        }
     };
     if prompt.is_empty() {
         return Err(bad(prompt_field, "the prompt encodes to no tokens"));
@@ -339,7 +359,8 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
         stop_tokens: info.stop_tokens.clone(),
     };
     Ok(Parsed {
-        request: Request { prompt, generate, stop, gamma: info.gamma, pruning: Default::default() },
+        request: Request { prompt, generate, stop, gamma: info.gamma, pruning: Default::default(), kept_tokens },
+        reply,
         stream,
         include_usage,
     })
@@ -384,64 +405,6 @@ fn completion_prompt(prompt: Option<Prompt>, info: &ModelInfo) -> Result<Vec<u32
             Err(bad("prompt", format!("one prompt per request (n = 1), got {}", batch.len())))
         }
     }
-}
-
-/// A message's content as text: a string, or the concatenated text parts.
-fn content_text(content: Option<Content>, role: &str, at: &str) -> Result<String, ApiError> {
-    let field = format!("{at}.content");
-    match content {
-        Some(Content::Text(s)) => Ok(s),
-        None if role == "assistant" => Ok(String::new()),
-        None => Err(bad(&field, format!("{field} must be a string or a list of text parts"))),
-        Some(Content::Parts(parts)) => {
-            let mut s = String::new();
-            for p in parts {
-                match (p.kind.as_deref(), p.text) {
-                    (Some("text"), Some(t)) => s.push_str(&t),
-                    _ => {
-                        return Err(bad(
-                            &field,
-                            format!("{field}: only text parts ({{\"type\": \"text\", \"text\": …}}) are supported"),
-                        ))
-                    }
-                }
-            }
-            Ok(s)
-        }
-    }
-}
-
-fn chat_prompt(messages: Option<Vec<ChatMessage>>, info: &ModelInfo) -> Result<Vec<u32>, ApiError> {
-    let msgs = match messages {
-        None => return Err(bad("messages", "'messages' is required")),
-        Some(m) if m.is_empty() => return Err(bad("messages", "'messages' must not be empty")),
-        Some(m) => m,
-    };
-    let mut plain = Vec::with_capacity(msgs.len());
-    for (i, m) in msgs.into_iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let field = format!("{at}.role");
-        let role = match m.role {
-            Some(r) if ROLES.contains(&r.as_str()) => r,
-            Some(r) => {
-                return Err(bad(
-                    &field,
-                    format!("{field} must be system, developer, user, assistant or tool, got '{r}'"),
-                ))
-            }
-            None => return Err(bad(&field, format!("{field} is required and must be a string"))),
-        };
-        let content = content_text(m.content, &role, &at)?;
-        plain.push(PlainMessage { role, content });
-    }
-    let tok =
-        info.tokenizer.as_ref().ok_or_else(|| bad("messages", "this model has no tokenizer, so it cannot chat"))?;
-    let messages = serde_json::to_value(&plain).map_err(|e| ApiError::internal(e.to_string()))?;
-    let ids = chat_ids(tok, info.template.as_ref(), &messages).map_err(|e| match e {
-        ChatError::Template(e) => bad("messages", format!("the chat template refused the messages: {}", e.detail)),
-        ChatError::Tokenizer(e) => bad("messages", format!("the conversation cannot be encoded: {e}")),
-    })?;
-    checked_ids(ids.into_iter().map(u64::from), info, "messages")
 }
 
 #[cfg(test)]

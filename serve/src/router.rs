@@ -22,15 +22,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use engine::{Engine, Event, Events, Job};
-use serde::Serialize;
+use gemma4::chat_markup::{OutputParser, Part};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::api_error::ApiError;
 use crate::auth::require_key;
 use crate::body::{read_body, BodyPolicy};
 use crate::ids;
-use crate::openai::{Envelope, Health, ModelCard, ModelList};
+use crate::openai::{frame, Delta, Envelope, Health, ModelCard, ModelList};
 use crate::params::{parse, Endpoint};
+use crate::reply::{Reply, ToolCallOut};
 
 /// Request bodies larger than this are refused (HTTP 413), unless the router is built with
 /// another limit.
@@ -172,7 +173,14 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
         let mut ev = Some(first);
         loop {
             match ev {
-                Some(Event::Done(o)) => return Ok(Json(env.full(&o)).into_response()),
+                Some(Event::Done(o)) => {
+                    let reply = parsed.reply.parser().map(|mut p| {
+                        let mut parts = p.push(&o.text);
+                        parts.extend(p.finish());
+                        Reply::of(parts)
+                    });
+                    return Ok(Json(env.full(&o, reply.as_ref())).into_response());
+                }
                 Some(Event::Failed(m)) => return Err(ApiError::internal(m)),
                 None => return Err(ApiError::internal("the engine dropped the request")),
                 Some(Event::Step(_)) => {}
@@ -180,7 +188,15 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
             ev = rx.recv().await;
         }
     }
-    let mut stream = ChunkStream { rx, queue: VecDeque::new(), ended: false, env, include_usage: parsed.include_usage };
+    let mut stream = ChunkStream {
+        rx,
+        queue: VecDeque::new(),
+        ended: false,
+        env,
+        include_usage: parsed.include_usage,
+        parser: parsed.reply.parser(),
+        calls: 0,
+    };
     if endpoint == Endpoint::Chat {
         stream.queue.push_back(frame(&stream.env.role_chunk()));
     }
@@ -200,13 +216,6 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
         }
     });
     Ok(Sse::new(events).into_response())
-}
-
-/// One SSE frame's JSON (serializing these bodies cannot fail: their keys are strings).
-fn frame(body: &impl Serialize) -> String {
-    serde_json::to_string(body).unwrap_or_else(|_| {
-        r#"{"error": {"message": "a chunk could not be serialized", "type": "server_error"}}"#.to_string()
-    })
 }
 
 /// A request's events, sent on a tokio channel to its handler (or its response stream).
@@ -230,18 +239,28 @@ struct ChunkStream {
     ended: bool,
     env: Envelope,
     include_usage: bool,
+    /// Reads a chat reply's markup: thinking and tool calls become their own deltas.
+    parser: Option<OutputParser>,
+    /// Tool calls sent so far.
+    calls: usize,
 }
 
 impl ChunkStream {
     fn push(&mut self, ev: Event) {
         match ev {
-            Event::Step(s) => {
-                if !s.text.is_empty() {
-                    self.queue.push_back(frame(&self.env.chunk(&s.text, None)));
+            Event::Step(s) => match self.parser.as_mut() {
+                Some(p) => {
+                    let parts = p.push(&s.text);
+                    self.send_parts(parts);
                 }
-            }
+                None if !s.text.is_empty() => self.queue.push_back(frame(&self.env.chunk(&s.text, None))),
+                None => {}
+            },
             Event::Done(o) => {
-                self.queue.push_back(frame(&self.env.last_chunk(&o)));
+                if let Some(parts) = self.parser.as_mut().map(OutputParser::finish) {
+                    self.send_parts(parts);
+                }
+                self.queue.push_back(frame(&self.env.last_chunk(&o, self.calls)));
                 // The usage travels once, on its own chunk, and only when asked for.
                 if self.include_usage {
                     self.queue.push_back(frame(&self.env.usage_chunk(&o)));
@@ -253,6 +272,21 @@ impl ChunkStream {
                 self.queue.push_back(frame(&ApiError::internal(m).body()));
                 self.finish();
             }
+        }
+    }
+
+    /// A delta per part: content, reasoning, or a whole tool call.
+    fn send_parts(&mut self, parts: Vec<Part>) {
+        for part in parts {
+            let delta = match &part {
+                Part::Content(s) => Delta { content: Some(s), ..Delta::default() },
+                Part::Reasoning(s) => Delta { reasoning_content: Some(s), ..Delta::default() },
+                Part::ToolCall(c) => {
+                    self.calls += 1;
+                    Delta { tool_calls: Some(vec![ToolCallOut::of(c, Some(self.calls - 1))]), ..Delta::default() }
+                }
+            };
+            self.queue.push_back(self.env.delta_chunk(delta));
         }
     }
 

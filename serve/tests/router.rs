@@ -175,6 +175,7 @@ fn reference_text(prompt: &str, chat: bool, body: &Value) -> String {
             .map_or(vec![], |a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect()),
         gamma: None,
         pruning: spec_decode::Pruning::Off,
+        kept_tokens: vec![],
     };
     let s = serve::Session::start(&m, Some(d.as_mut()), &req, Some(&tok), None).unwrap();
     s.run(&m, Some(d.as_mut()), |_| {}).unwrap().text
