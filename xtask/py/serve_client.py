@@ -7,6 +7,7 @@ Usage: serve_client.py BASE_URL CASES_JSON SERVER_PID CLIENTS REQUESTS_PER_CLIEN
 """
 
 import json
+import socket
 import sys
 import threading
 import time
@@ -73,11 +74,14 @@ def run(case, stream, disconnect_after=None):
         if r.usage.completion_tokens != case["params"]["max_tokens"] and c.finish_reason == "length":
             fail(f"completion_tokens {r.usage.completion_tokens} != max_tokens")
         return text
-    text, chunks, usage = "", 0, None
+    text, chunks, usage, usages = "", 0, None, 0
     for ch in r:
         chunks += 1
         if ch.usage is not None:
-            usage = ch.usage
+            usage, usages = ch.usage, usages + 1
+            # OpenAI's shape: usage rides only on the final, choice-less chunk.
+            if ch.choices:
+                fail(f"usage on a chunk with choices: {ch}")
         if ch.choices:
             c = ch.choices[0]
             piece = (c.delta.content if case["chat"] else c.text) or ""
@@ -85,8 +89,8 @@ def run(case, stream, disconnect_after=None):
         if disconnect_after is not None and chunks >= disconnect_after:
             r.close()
             return None
-    if usage is None:
-        fail("a stream without a usage chunk")
+    if usages != 1:
+        fail(f"a stream with {usages} usage chunks (want exactly 1)")
     return text
 
 
@@ -101,7 +105,6 @@ print(f"serve gate: {len(cases)} cases x (whole, streamed) through openai {opena
 # 2. Malformed requests: each a 400 naming the field, and the server keeps serving.
 bad = [
     ("completions", b"{not json", None),
-    ("completions", json.dumps({"model": "nope", "prompt": "t5"}).encode(), "model"),
     ("completions", json.dumps({"prompt": "t5", "temperature": -1}).encode(), "temperature"),
     ("completions", json.dumps({"prompt": "t5", "top_p": 0}).encode(), "top_p"),
     ("completions", json.dumps({"prompt": "t5", "max_tokens": 0}).encode(), "max_tokens"),
@@ -122,7 +125,6 @@ bad = [
     ("chat/completions", json.dumps({"messages": [{"role": "user", "content": 3}]}).encode(), "messages[0].content"),
     ("chat/completions", json.dumps({"messages": [{"role": "user", "content": "t5"}], "max_tokens": -2}).encode(), "max_tokens"),
     ("completions", b"[1, 2, 3]", None),
-    ("completions", b"x" * (2 << 20), None),
 ]
 for path, body, param in bad:
     req = urllib.request.Request(base + "/v1/" + path, data=body, headers={"Content-Type": "application/json"})
@@ -133,7 +135,21 @@ for path, body, param in bad:
         err = json.loads(e.read())["error"]
         if e.code != 400 or err.get("param") != param or not err.get("message"):
             fail(f"{path} {body[:60]!r}: {e.code} {err}")
-print(f"serve gate: {len(bad)} malformed requests refused with 400", flush=True)
+# An unknown model is a 404 (the SDK's NotFoundError), and an oversized body a 413 decided
+# from Content-Length alone, before any of it is sent.
+try:
+    client.completions.create(model="nope", prompt="t5", max_tokens=1)
+    fail("model 'nope': accepted")
+except openai.NotFoundError as e:
+    if (e.body or {}).get("code") != "model_not_found":
+        fail(f"model 'nope': {e.body}")
+host, port = base.split("//")[1].split(":")
+with socket.create_connection((host, int(port)), timeout=30) as sock:
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {2 << 20}\r\n\r\n".encode())
+    head = sock.recv(4096).decode(errors="replace")
+    if not head.startswith("HTTP/1.1 413"):
+        fail(f"a 2 MiB Content-Length got {head[:40]!r}, want 413")
+print(f"serve gate: {len(bad)} malformed requests refused with 400, unknown model 404, oversized body 413", flush=True)
 
 # 3. Load: clients x requests, mixed kinds, whole and streamed, some disconnecting mid-stream.
 rss_before = rss_kib()

@@ -5,7 +5,11 @@
 //! malformed requests must get 400s, and a load test (32 clients × 4 requests, mixed, some
 //! disconnecting mid-stream) must leave every completed response correct, the server healthy
 //! and idle, and its RSS reported before and after. The server must then shut down cleanly on
-//! SIGTERM. Token counts are small: the whole gate takes about a minute on 2 cores.
+//! SIGTERM. A second server, on the tool-calling chat fixture (`train::tool_chat`, trained
+//! once and cached under target/tmp), is driven through the client's tools API: calls whole and
+//! streamed, a tool result answered, thinking separated, usage once per stream. Token counts
+//! are small: the whole gate takes about a minute on 2 cores (plus a minute the first time the
+//! fixture trains).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -96,11 +100,12 @@ fn reference(bin: &Path, home: &Path, c: &Case) -> Result<String> {
     Ok(text.strip_suffix('\n').unwrap_or(&text).to_string())
 }
 
-/// Starts `dspark-serve` on a free port and returns it with its base URL.
-fn launch(server_bin: &Path, home: &Path) -> Result<(Server, String)> {
+/// Starts `dspark-serve` with `model_args` on a free port and returns it with its base URL.
+fn launch(server_bin: &Path, home: &Path, model_args: &[&str]) -> Result<(Server, String)> {
     let mut child = Command::new(server_bin)
         .env("DSPARK_HOME", home)
-        .args(["--drafter", "default", "--host", "127.0.0.1", "--port", "0", "--max-concurrency", "4"])
+        .args(model_args)
+        .args(["--host", "127.0.0.1", "--port", "0", "--max-concurrency", "4"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -141,7 +146,7 @@ pub fn serve_gate(root: &Path, venv: &Path) -> Result<()> {
     let cases_path = root.join("cases.json");
     std::fs::write(&cases_path, serde_json::to_vec_pretty(&list)?)?;
 
-    let (mut server, url) = launch(&server_bin, &home)?;
+    let (mut server, url) = launch(&server_bin, &home, &["--drafter", "default"])?;
     eprintln!("serve gate: server at {url}");
     let script = workspace.join("xtask/py/serve_client.py");
     let status = Command::new(&python)
@@ -155,7 +160,30 @@ pub fn serve_gate(root: &Path, venv: &Path) -> Result<()> {
     if !status.success() {
         bail!("the serve gate's client checks failed ({status}); see above");
     }
-    // Graceful shutdown on SIGTERM: the server must exit by itself, successfully.
+    terminate(&mut server)?;
+
+    // Tool calling on a checkpoint that speaks Gemma-4's chat format.
+    let fixture = train::tool_chat::cached_tool_chat_checkpoint(&crate::target_dir().join("tmp"))?;
+    let tools_path = root.join("tools.json");
+    std::fs::write(&tools_path, serde_json::to_vec_pretty(&train::tool_chat::tools())?)?;
+    let model = fixture.to_string_lossy().into_owned();
+    let (mut server, url) = launch(&server_bin, &home, &["--model", &model, "--drafter", "none"])?;
+    let status = Command::new(&python)
+        .arg(workspace.join("xtask/py/tool_client.py"))
+        .arg(&url)
+        .arg(&tools_path)
+        .status()
+        .context("running the openai tools client")?;
+    if !status.success() {
+        bail!("the serve gate's tool-calling checks failed ({status}); see above");
+    }
+    terminate(&mut server)?;
+    eprintln!("serve gate: passed in {:.0} s (servers shut down cleanly on SIGTERM)", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Graceful shutdown on SIGTERM: the server must exit by itself, successfully.
+fn terminate(server: &mut Server) -> Result<()> {
     let kill = Command::new("kill").arg("-TERM").arg(server.0.id().to_string()).status()?;
     if !kill.success() {
         bail!("could not send SIGTERM to the server");
@@ -173,6 +201,5 @@ pub fn serve_gate(root: &Path, venv: &Path) -> Result<()> {
     if !exit.success() {
         bail!("the server exited with {exit} after SIGTERM");
     }
-    eprintln!("serve gate: passed in {:.0} s (server shut down cleanly on SIGTERM)", t0.elapsed().as_secs_f64());
     Ok(())
 }
