@@ -44,6 +44,10 @@ pub struct Args {
     /// Min-p filter relative to the top token (0 disables).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_p: f64,
+    /// Add BIAS, in [-100, 100], to token ID's logit before temperature and the filters, as
+    /// OpenAI's `logit_bias` (repeatable; +100 all but forces the token, -100 bans it).
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_negative_numbers = true)]
+    logit_bias: Vec<(u32, f32)>,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
@@ -88,6 +92,14 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
+/// One `--logit-bias ID=BIAS` (the range and duplicates are the sampler's checks).
+fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let (id, bias) = s.split_once('=').ok_or_else(|| format!("expected ID=BIAS, got {s:?}"))?;
+    let id = id.trim().parse::<u32>().map_err(|_| format!("{id:?} is not a token id"))?;
+    let bias = bias.trim().parse::<f32>().map_err(|_| format!("{bias:?} is not a number"))?;
+    Ok((id, bias))
+}
+
 /// The most prompt text `--prompt-file` reads: far beyond any context, small enough to refuse
 /// an endless device or a wrong file before it fills memory.
 const MAX_PROMPT_BYTES: u64 = 64 << 20;
@@ -113,6 +125,7 @@ pub fn run(a: Args) -> Result<()> {
         top_k: a.top_k,
         min_p: a.min_p,
         min_tokens_to_keep: 1,
+        logit_bias: a.logit_bias.clone(),
     };
     // Ranges first, before anything is loaded or written (top_k is checked against the
     // vocabulary once the model is loaded).
@@ -147,6 +160,9 @@ pub fn run(a: Args) -> Result<()> {
     eprintln!("dspark: loaded {} computing in {}", dir.display(), resolved.describe());
     if let Err(e) = gemma4::sampling::check_top_k(a.top_k, model.config().vocab_size) {
         bail!("--top-k: {e}");
+    }
+    if let Err(e) = gemma4::sampling::check_logit_bias(&sampler.logit_bias, Some(model.config().vocab_size)) {
+        bail!("--logit-bias: {e}");
     }
     // Text prompts need the tokenizer; with --tokens it is only read (if the checkpoint has
     // one) for the end-of-sequence fallback when the config names no eos ids.

@@ -13,8 +13,28 @@ use spec_decode::{load_drafter, speculative_generate, Drafter, Pruning, SpecConf
 fn samplers() -> Vec<(SamplerConfig, u64)> {
     vec![
         (SamplerConfig::greedy(), 0),
-        (SamplerConfig { temperature: 0.8, top_p: 0.9, top_k: 0, min_p: 0.0, min_tokens_to_keep: 1 }, 11),
-        (SamplerConfig { temperature: 1.0, top_p: 1.0, top_k: 40, min_p: 0.05, min_tokens_to_keep: 1 }, 5),
+        (
+            SamplerConfig {
+                temperature: 0.8,
+                top_p: 0.9,
+                top_k: 0,
+                min_p: 0.0,
+                min_tokens_to_keep: 1,
+                ..Default::default()
+            },
+            11,
+        ),
+        (
+            SamplerConfig {
+                temperature: 1.0,
+                top_p: 1.0,
+                top_k: 40,
+                min_p: 0.05,
+                min_tokens_to_keep: 1,
+                ..Default::default()
+            },
+            5,
+        ),
     ]
 }
 

@@ -9,7 +9,7 @@ use mlx_core::{async_eval, Array, Dtype};
 use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::sampling::{logprobs, Sampler, SamplerConfig};
+use crate::sampling::{biased_logprobs, Sampler, SamplerConfig};
 
 /// Settings of a generation.
 #[derive(Clone, Debug)]
@@ -141,7 +141,7 @@ pub fn step_logits(model: &Model, cache: &mut Cache, token: &Array) -> Result<Ar
 pub struct Step {
     /// The token id.
     pub token: u32,
-    /// The (unfiltered) logprobs of this step // `[1, V]`
+    /// The (unfiltered) logprobs of this step, `logit_bias` applied // `[1, V]`
     pub logprobs: Array,
 }
 
@@ -168,7 +168,7 @@ impl<'m> Decoder<'m> {
         if cfg.max_tokens > 0 {
             let logits = prefill(model, &mut cache, prompt, cfg.prefill_step)?;
             model.check_first_logits(&logits)?;
-            let lp = logprobs(&logits)?;
+            let lp = biased_logprobs(&logits, &cfg.sampler)?;
             let y = sampler.sample(&lp)?;
             async_eval(&[&y, &lp])?;
             pending = Some((y, lp));
@@ -199,7 +199,7 @@ impl<'m> Decoder<'m> {
         if cfg.max_tokens > 0 {
             let logits = step_logits(model, &mut cache, &ids_array(&[last])?)?;
             model.check_first_logits(&logits)?;
-            let lp = logprobs(&logits)?;
+            let lp = biased_logprobs(&logits, &cfg.sampler)?;
             let y = sampler.sample(&lp)?;
             async_eval(&[&y, &lp])?;
             pending = Some((y, lp));
@@ -214,7 +214,7 @@ impl<'m> Decoder<'m> {
         if self.remaining > 0 {
             // Schedule the next step before reading this token back.
             let logits = step_logits(self.model, &mut self.cache, &y.reshape(&[1, 1])?)?;
-            let nlp = logprobs(&logits)?;
+            let nlp = biased_logprobs(&logits, self.sampler.config())?;
             let n = self.sampler.sample(&nlp)?;
             async_eval(&[&n, &nlp])?;
             self.pending = Some((n, nlp));

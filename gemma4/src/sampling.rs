@@ -1,6 +1,8 @@
 //! Token selection as mlx-lm's `make_sampler` applies it: greedy is the argmax
 //! of bf16 **logprobs** (not logits); otherwise top-p, min-p, top-k filter the T = 1
 //! logprobs in that order, and temperature is applied last inside the categorical draw.
+//! An OpenAI `logit_bias` is added to the logits before all of that, as mlx-lm's logit-bias
+//! processor does ([`apply_logit_bias`]).
 
 use mlx_core::random::{categorical, KeyChain};
 use mlx_core::{where_, Array, Dtype};
@@ -21,11 +23,21 @@ pub struct SamplerConfig {
     pub min_tokens_to_keep: usize,
     /// Keep the k most likely tokens; enabled when > 0.
     pub top_k: usize,
+    /// OpenAI's `logit_bias`: (token id, bias in [-100, 100]) added to the model's logits
+    /// before everything above; ids distinct and below the vocabulary. Empty: no extra op.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        SamplerConfig { temperature: 0.0, top_p: 0.0, min_p: 0.0, min_tokens_to_keep: 1, top_k: 0 }
+        SamplerConfig {
+            temperature: 0.0,
+            top_p: 0.0,
+            min_p: 0.0,
+            min_tokens_to_keep: 1,
+            top_k: 0,
+            logit_bias: Vec::new(),
+        }
     }
 }
 
@@ -54,15 +66,65 @@ impl SamplerConfig {
         if self.min_tokens_to_keep < 1 {
             return bad("min_tokens_to_keep must be ≥ 1".into());
         }
-        Ok(())
+        check_logit_bias(&self.logit_bias, None).or_else(|e| bad(format!("logit_bias: {e}")))
     }
 
     /// Checks every range against a vocabulary of `vocab` tokens.
     pub fn validate(&self, vocab: usize) -> Result<()> {
         self.validate_ranges()?;
-        check_top_k(self.top_k, vocab)
-            .map_err(|detail| Error::Input { op: "sampler", detail: format!("top_k: {detail}") })
+        let bad = |detail: String| Error::Input { op: "sampler", detail };
+        check_top_k(self.top_k, vocab).map_err(|e| bad(format!("top_k: {e}")))?;
+        check_logit_bias(&self.logit_bias, Some(vocab)).map_err(|e| bad(format!("logit_bias: {e}")))
     }
+}
+
+/// The largest |bias| OpenAI's `logit_bias` takes.
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
+
+/// A `logit_bias` the samplers can apply: finite biases in [-100, 100], each token id once
+/// and, when `vocab` is given, below it. Returns what is wrong in words, naming the entry.
+pub fn check_logit_bias(bias: &[(u32, f32)], vocab: Option<usize>) -> std::result::Result<(), String> {
+    let mut seen = std::collections::HashSet::with_capacity(bias.len());
+    for &(id, b) in bias {
+        if !(b.is_finite() && (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&b)) {
+            return Err(format!("the bias of token {id} must be a finite number in [-100, 100], got {b}"));
+        }
+        if let Some(v) = vocab.filter(|&v| id as usize >= v) {
+            return Err(format!("token id {id} is outside the vocabulary of {v} tokens"));
+        }
+        // A scatter with repeated indices keeps an unspecified one of the sums.
+        if !seen.insert(id) {
+            return Err(format!("token id {id} is given more than once"));
+        }
+    }
+    Ok(())
+}
+
+/// Adds `bias` to the logits of its tokens in every row, as mlx-lm's logit-bias processor
+/// (`logits[:, ids] += values`): the sum in f32, rounded back to the logits' dtype. With no
+/// bias the logits come back as they are (no op is added). Checked like
+/// [`check_logit_bias`] against the rows' width. `logits` // `[.., V]` -> `[.., V]`
+pub fn apply_logit_bias(logits: &Array, bias: &[(u32, f32)]) -> Result<Array> {
+    if bias.is_empty() {
+        return Ok(logits.clone());
+    }
+    let v = logits.dim(-1)?;
+    check_logit_bias(bias, Some(v as usize)).map_err(|detail| Error::Input { op: "logit_bias", detail })?;
+    let shape = logits.shape()?;
+    let rows = logits.reshape(&[-1, v])?; // [R, V]
+    let (r, n) = (rows.dim(0)?, bias.len() as i32);
+    let ids: Vec<u32> = bias.iter().map(|&(id, _)| id).collect();
+    let values: Vec<f32> = bias.iter().map(|&(_, b)| b).collect();
+    let idx = Array::from_slice(&ids, &[1, n])?.broadcast_to(&[r, n])?; // [R, n]
+    let values = Array::from_slice(&values, &[1, n])?; // [1, n] f32
+    let picked = rows.take_along_axis(&idx, -1)?.astype(Dtype::F32)?.add(&values)?.astype(rows.dtype())?; // [R, n]
+    Ok(rows.put_along_axis(&idx, &picked, -1)?.reshape(&shape)?)
+}
+
+/// The logprobs a sampler with `cfg` draws from: `logit_bias` applied, then [`logprobs`]
+/// (exactly [`logprobs`] when there is no bias). `logits` // `[.., V]` -> `[.., V]`
+pub fn biased_logprobs(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
+    logprobs(&apply_logit_bias(logits, &cfg.logit_bias)?)
 }
 
 /// A temperature the samplers can apply: 0 (greedy), or a positive T whose factor 1/T is a
@@ -211,5 +273,57 @@ mod tests {
         let cfg = SamplerConfig { top_k: usize::MAX, ..SamplerConfig::default() };
         assert!(cfg.validate_ranges().is_ok());
         assert!(cfg.validate(4096).is_err());
+    }
+
+    fn greedy_pick(logits: &[f32], bias: &[(u32, f32)]) -> u32 {
+        let l = Array::from_slice(logits, &[1, logits.len() as i32]).unwrap().astype(Dtype::Bf16).unwrap();
+        let cfg = SamplerConfig { logit_bias: bias.to_vec(), ..SamplerConfig::greedy() };
+        let mut s = Sampler::new(cfg.clone(), 0).unwrap();
+        s.sample(&biased_logprobs(&l, &cfg).unwrap()).unwrap().astype(Dtype::U32).unwrap().item::<u32>().unwrap()
+    }
+
+    #[test]
+    fn a_logit_bias_moves_the_greedy_pick() {
+        let logits = [1.0, 7.5, -3.0, 2.0, 0.25];
+        assert_eq!(greedy_pick(&logits, &[]), 1);
+        // +100 on the least likely token makes it the argmax.
+        assert_eq!(greedy_pick(&logits, &[(2, 100.0)]), 2);
+        // -100 on the argmax removes it: the runner-up wins.
+        assert_eq!(greedy_pick(&logits, &[(1, -100.0)]), 3);
+        // Several entries, in any order.
+        assert_eq!(greedy_pick(&logits, &[(1, -100.0), (0, 1.5)]), 0);
+    }
+
+    #[test]
+    fn a_logit_bias_adds_in_f32_and_keeps_the_dtype_and_shape() {
+        let l = Array::from_slice(&[0.5f32, 1.0, 2.0, 4.0, 0.0, 0.0, 0.0, 0.0], &[2, 1, 4]).unwrap();
+        let b = apply_logit_bias(&l.astype(Dtype::Bf16).unwrap(), &[(3, -0.25), (0, 2.0)]).unwrap();
+        assert_eq!(b.dtype(), Dtype::Bf16);
+        assert_eq!(b.shape().unwrap(), [2, 1, 4]);
+        assert_eq!(b.astype(Dtype::F32).unwrap().to_f32_vec().unwrap(), [2.5, 1.0, 2.0, 3.75, 2.0, 0.0, 0.0, -0.25]);
+        // No bias: the very same array.
+        assert_eq!(apply_logit_bias(&l, &[]).unwrap().to_f32_vec().unwrap(), l.to_f32_vec().unwrap());
+    }
+
+    #[test]
+    fn bad_logit_biases_are_refused_naming_the_field_and_the_entry() {
+        for (bias, want) in [
+            (vec![(3, 100.5f32)], "token 3"),
+            (vec![(3, f32::NAN)], "NaN"),
+            (vec![(5, f32::NEG_INFINITY)], "token 5"),
+            (vec![(7, 1.0), (7, 2.0)], "token id 7 is given more than once"),
+        ] {
+            let cfg = SamplerConfig { logit_bias: bias, ..SamplerConfig::default() };
+            let e = cfg.validate_ranges().unwrap_err().to_string();
+            assert!(e.contains("logit_bias") && e.contains(want), "{e}");
+        }
+        let cfg = SamplerConfig { logit_bias: vec![(1, -100.0), (4096, 1.0)], ..SamplerConfig::default() };
+        assert!(cfg.validate_ranges().is_ok());
+        let e = cfg.validate(4096).unwrap_err().to_string();
+        assert!(e.contains("logit_bias") && e.contains("token id 4096") && e.contains("4096 tokens"), "{e}");
+        // Applying an unchecked bias refuses an id past the row instead of scattering there.
+        let l = Array::from_slice(&[0.0f32; 4], &[1, 4]).unwrap();
+        let e = apply_logit_bias(&l, &[(4, 1.0)]).unwrap_err().to_string();
+        assert!(e.contains("logit_bias") && e.contains("token id 4"), "{e}");
     }
 }

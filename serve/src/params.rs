@@ -67,6 +67,10 @@ pub struct Fields {
     pub top_k: Option<i64>,
     /// `seed`: the sampler's seed, for reproducible sampling (default: a fresh one).
     pub seed: Option<u64>,
+    /// `logit_bias`: token id (as a string key) → bias in [-100, 100], added to the target's
+    /// logits before temperature and the filters, in plain and speculative decoding alike; at
+    /// most 300 entries.
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// `stop`: up to 16 non-empty stop strings, matched on the decoded text.
     pub stop: Option<Stop>,
     /// `max_tokens`: most tokens to generate (default 16 for completions, 256 for chat, each
@@ -188,6 +192,8 @@ const DEFAULT_MAX_TOKENS: usize = 16;
 const DEFAULT_CHAT_MAX_TOKENS: usize = 256;
 /// Stop strings one request may give.
 const MAX_STOPS: usize = 16;
+/// Entries one `logit_bias` may have (OpenAI's limit).
+const MAX_LOGIT_BIAS_ENTRIES: usize = 300;
 
 fn bad(param: &str, msg: impl Into<String>) -> ApiError {
     ApiError::invalid(Some(param), msg)
@@ -282,6 +288,10 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
             ))
         }
     };
+    let logit_bias = match f.logit_bias {
+        None => Vec::new(),
+        Some(map) => checked_logit_bias(&map, info)?,
+    };
     let seed = f.seed.unwrap_or_else(fresh_seed);
     let stop = match f.stop {
         None => Vec::new(),
@@ -350,7 +360,7 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
         Some(n) => n as usize,
     };
 
-    let sampler = SamplerConfig { temperature, top_p, top_k, min_p, min_tokens_to_keep: 1 };
+    let sampler = SamplerConfig { temperature, top_p, top_k, min_p, min_tokens_to_keep: 1, logit_bias };
     let generate = GenerateConfig {
         max_tokens,
         sampler,
@@ -382,6 +392,46 @@ fn checked_ids(ids: impl IntoIterator<Item = u64>, info: &ModelInfo, field: &str
             _ => Err(bad(field, format!("'{field}': token id {t} is outside the vocabulary of {} tokens", info.vocab))),
         })
         .collect()
+}
+
+/// `logit_bias` as the sampler takes it: each key a token id below the vocabulary (given
+/// once), each value a number in [-100, 100], at most [`MAX_LOGIT_BIAS_ENTRIES`] entries.
+fn checked_logit_bias(map: &serde_json::Map<String, Value>, info: &ModelInfo) -> Result<Vec<(u32, f32)>, ApiError> {
+    let field = "logit_bias";
+    if map.len() > MAX_LOGIT_BIAS_ENTRIES {
+        return Err(bad(field, format!("'{field}' takes at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {}", map.len())));
+    }
+    let mut out: Vec<(u32, f32)> = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let id = key.parse::<u64>().map_err(|_| bad(field, format!("'{field}': key {key:?} is not a token id")))?;
+        let id = match u32::try_from(id) {
+            Ok(id) if (id as usize) < info.vocab => id,
+            _ => {
+                return Err(bad(
+                    field,
+                    format!(
+                        "'{field}': token id {id} (key {key:?}) is outside the vocabulary of {} tokens",
+                        info.vocab
+                    ),
+                ))
+            }
+        };
+        let bias = match value.as_f64() {
+            Some(b) if (-100.0..=100.0).contains(&b) => b as f32,
+            _ => {
+                return Err(bad(
+                    field,
+                    format!("'{field}': the bias of key {key:?} must be a number in [-100, 100], got {value}"),
+                ))
+            }
+        };
+        // "5" and "05" are the same token.
+        if out.iter().any(|&(t, _)| t == id) {
+            return Err(bad(field, format!("'{field}': token id {id} (key {key:?}) is given more than once")));
+        }
+        out.push((id, bias));
+    }
+    Ok(out)
 }
 
 fn completion_prompt(prompt: Option<Prompt>, info: &ModelInfo) -> Result<Vec<u32>, ApiError> {

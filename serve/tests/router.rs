@@ -164,6 +164,7 @@ fn reference_text(prompt: &str, chat: bool, body: &Value) -> String {
                 top_k: 0,
                 min_p: 0.0,
                 min_tokens_to_keep: 1,
+                logit_bias: vec![],
             },
             seed: body["seed"].as_u64().unwrap_or(0),
             prefill_step: 2048,

@@ -30,6 +30,7 @@ fn probabilities_match_the_composed_pipeline() {
         min_p,
         min_tokens_to_keep,
         top_k,
+        logit_bias: vec![],
     };
     let configs = [
         cfg(1.0, 0.0, 0.0, 1, 0),

@@ -7,7 +7,8 @@
 //! - distribution-equality: with a tiny-vocabulary target, the joint law of the first two emitted
 //!   tokens under speculative sampling equals plain sampling (χ² goodness of fit against the exact
 //!   law and χ² homogeneity against plain samples, α = 0.001), at T ∈ {0.7, 1.0} with filters on
-//!   and off, confidence pruning on in two of the four; and the same test rejects a
+//!   and off, confidence pruning on in two of the four, and at T = 1 with a `logit_bias` on
+//!   tokens the drafter likes and tokens it does not; and the same test rejects a
 //!   deliberately broken verifier (accept every draft).
 //! - quantized-drafters: greedy parity with 4- and 8-bit quantizations of a bigram-fitted DSpark
 //!   and a synthetic DeepSpec drafter, and their acceptance against the unquantized source on
@@ -20,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use gemma4::checkpoint::{quantize_checkpoint, write_random_checkpoint};
 use gemma4::config::{tiny_config_a, tiny_config_b, tiny_config_moe_top8, tiny_dense_config};
 use gemma4::generate::{generate, prefill as plain_prefill, step_logits, GenerateConfig};
-use gemma4::sampling::{logprobs, Sampler, SamplerConfig};
+use gemma4::sampling::{biased_logprobs, Sampler, SamplerConfig};
 use gemma4::{Model, TextConfig};
 use mlx_core::{Array, Dtype};
 use spec_decode::decode::{decode_from, prefill, Prefilled};
@@ -449,7 +450,7 @@ fn plain_law(model: &Model, prompt: &[u32], sampler: &SamplerConfig, n: usize, s
         let mut c = cache.clone();
         let l = step_logits(model, &mut c, &Array::from_slice(&[t], &[1, 1])?)?;
         rows2.push(probabilities(&l, sampler)?.to_f32_vec()?);
-        lp2.push(logprobs(&l)?);
+        lp2.push(biased_logprobs(&l, sampler)?);
     }
     let mut joint = vec![0f64; v * v];
     for a in 0..v {
@@ -459,7 +460,7 @@ fn plain_law(model: &Model, prompt: &[u32], sampler: &SamplerConfig, n: usize, s
     }
     // Plain decoding, batched over n independent requests: the sampler's own pipeline.
     let mut s = Sampler::new(sampler.clone(), seed)?;
-    let lp1 = logprobs(&logits1)?.broadcast_to(&[n as i32, v as i32])?;
+    let lp1 = biased_logprobs(&logits1, sampler)?.broadcast_to(&[n as i32, v as i32])?;
     let t1 = s.sample(&lp1)?.astype(Dtype::U32)?;
     let table = mlx_core::concatenate(&lp2, 0)?; // [V, V]
     let t2 = s.sample(&table.take(&t1, 0)?)?.astype(Dtype::U32)?;
@@ -549,6 +550,22 @@ fn first_draft_law(
     Ok(q.slice_axis(0, 0, 1)?.to_f32_vec()?)
 }
 
+/// The bias of the gate's `logit_bias` condition: on the two tokens the drafter's first draft
+/// likes most, -3 and +1.5, and on the two it likes least, +4 and +2.5 (by the unbiased first
+/// draft law under `sampler`), so the bias moves mass both toward and away from the drafts.
+fn gate_logit_bias(
+    model: &Model,
+    drafter: &mut dyn Drafter,
+    pre: &Prefilled,
+    sampler: &SamplerConfig,
+) -> Result<Vec<(u32, f32)>> {
+    let q = first_draft_law(model, drafter, pre, sampler)?;
+    let mut order: Vec<u32> = (0..q.len() as u32).collect();
+    order.sort_by(|&a, &b| q[b as usize].total_cmp(&q[a as usize]));
+    let (liked, disliked) = (&order[..2], &order[order.len() - 2..]);
+    Ok(vec![(liked[0], -3.0), (liked[1], 1.5), (disliked[0], 4.0), (disliked[1], 2.5)])
+}
+
 /// Distribution equality of speculative sampling.
 pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     // The law under test is the verify rule's, not the architecture's (greedy-parity covers
@@ -562,7 +579,7 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     let mut drafter = random_dspark(&cfg, 3, 1, 11)?;
     let pre = prefill(&model, &drafter.taps(), &prompt, 2048)?;
     println!(
-        "\n## distribution-equality (vocab {v}, N = {n} per arm ({} for the broken verifier, {} for the look-ahead scheduler), first two tokens, α = {ALPHA})\n",
+        "\n## distribution-equality (vocab {v}, N = {n} per arm ({} for the broken verifier, {} for the look-ahead scheduler and the logit bias), first two tokens, α = {ALPHA})\n",
         (n / 4).max(1000),
         (n / 8).max(1000)
     );
@@ -591,23 +608,29 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
     let plan = spec_decode::ThroughputPlan::new(spec_decode::sts::Sts::identity(3), SCHEDULE_COST.to_vec());
     let conditions = [
         // T ≠ 1 without filters: the rows skip the logsumexp (spec_decode::probs).
-        (0.8f64, false, Pruning::MinConf(median), VerifyRule::Exact),
+        (0.8f64, false, Pruning::MinConf(median), VerifyRule::Exact, false),
         // Priced at a request rate of 1 token a step (the rate rule, which a request uses after
         // its first rounds): the same windows as the per-round ratio here (none after 0.4; one,
         // or two when the first draft is favoured, after 0.8), through the rate rule's code.
-        (0.7, true, Pruning::Throughput(plan.clone().with_rate_seed(1.0)), VerifyRule::Exact),
-        (0.7, true, Pruning::Throughput(plan.look_ahead()), VerifyRule::Exact),
-        (1.0, false, Pruning::Off, VerifyRule::AcceptAll),
+        (0.7, true, Pruning::Throughput(plan.clone().with_rate_seed(1.0)), VerifyRule::Exact, false),
+        (0.7, true, Pruning::Throughput(plan.look_ahead()), VerifyRule::Exact, false),
+        (1.0, false, Pruning::Off, VerifyRule::AcceptAll, false),
+        // A logit bias changes p (and q): the law must be plain decoding's with that bias.
+        (1.0, false, Pruning::Off, VerifyRule::Exact, true),
     ];
     let mut failures = Vec::new();
-    for (ci, (temp, filters, pruning, rule)) in conditions.iter().enumerate() {
+    for (ci, (temp, filters, pruning, rule, biased)) in conditions.iter().enumerate() {
         let look_ahead = matches!(pruning, Pruning::Throughput(p) if p.is_look_ahead());
-        let sampler = SamplerConfig {
+        let biased = *biased;
+        let mut sampler = SamplerConfig {
             temperature: *temp,
             top_k: if *filters { 6 } else { 0 },
             top_p: if *filters { 0.9 } else { 0.0 },
             ..Default::default()
         };
+        if biased {
+            sampler.logit_bias = gate_logit_bias(&model, &mut drafter, &pre, &sampler)?;
+        }
         let law = plain_law(&model, &prompt, &sampler, n, 1_000_000 + ci as u64)?;
         let mut scripted = None;
         if matches!(pruning, Pruning::Throughput(_)) {
@@ -626,7 +649,9 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         // A broken verifier or scheduler is rejected overwhelmingly; a quarter of the samples
         // shows it (an eighth for the look-ahead, rejected at p ≈ 1e-7 with 1000).
         let broken = *rule == VerifyRule::AcceptAll || look_ahead;
-        let n_spec = if look_ahead {
+        // The bias condition checks one more law through the same verify: an eighth of the
+        // samples (about 20 s at the default N) still rejects a p without the bias outright.
+        let n_spec = if look_ahead || biased {
             (n / 8).max(1000)
         } else if broken {
             (n / 4).max(1000)
@@ -661,9 +686,15 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
         let hom = chisq::homogeneity(&counts(&spec, v * v), &counts(&law.samples, v * v), &bins);
         let rejects = gof.p < ALPHA || hom.p < ALPHA;
         let ok = if broken { gof.p < ALPHA && hom.p < ALPHA } else { !rejects };
+        let filters_cell = if *filters {
+            "top-k 6, top-p 0.9".to_string()
+        } else if biased {
+            format!("logit_bias {:?}", sampler.logit_bias)
+        } else {
+            "off".to_string()
+        };
         println!(
-            "| {temp} | {} | {} | {} | {:.1} ({}) | {:.3e} | {:.1} ({}) | {:.3e} | {:.1}% | {:.1}% | {} |",
-            if *filters { "top-k 6, top-p 0.9" } else { "off" },
+            "| {temp} | {filters_cell} | {} | {} | {:.1} ({}) | {:.3e} | {:.1} ({}) | {:.3e} | {:.1}% | {:.1}% | {} |",
             match pruning {
                 Pruning::MinConf(c) => format!("min_conf {c:.3}"),
                 Pruning::Throughput(_) if look_ahead => "throughput, LOOK-AHEAD (biased)".to_string(),

@@ -297,7 +297,7 @@ impl SpecRounds {
     /// Accept: the verdict on the drafts and the one recovered or bonus token (one host read).
     fn verdict(&mut self, logits: &Array, proposal: Option<&Proposal>) -> Result<Judged> {
         if self.greedy {
-            greedy_verdict(logits, proposal, self.rule, &mut self.stats)
+            greedy_verdict(logits, proposal, &self.cfg.generate.sampler, self.rule, &mut self.stats)
         } else {
             sampled_verdict(logits, proposal, &self.cfg.generate.sampler, &mut self.keys, self.rule, &mut self.stats)
         }

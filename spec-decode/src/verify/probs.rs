@@ -1,6 +1,7 @@
 //! One processing pipeline for target (p) and draft (q) rows, so both see exactly the same
-//! filters: logprobs → top-p → min-p → top-k (gemma4::sampling, mlx-lm's order) → ×1/T, then
-//! f32. For a bf16 target this is bit for bit what plain decoding feeds its sampler. Draft
+//! filters: logit bias → logprobs → top-p → min-p → top-k (gemma4::sampling, mlx-lm's order) →
+//! ×1/T, then f32. The bias is part of the law a request asks for: p must carry it (that is what
+//! makes the output plain decoding's law with the bias); on q it only raises acceptance. For a bf16 target this is bit for bit what plain decoding feeds its sampler. Draft
 //! logits arrive in f32 and stay f32 (sampling drafts from bf16 logits biases q).
 //!
 //! For f32 rows without filters the normalisation is skipped: softmax(logits / T) is the same
@@ -15,7 +16,7 @@
 //! bf16 rows (plain decoding's exact pipeline), the GPU, and as the reference the tests and the
 //! distribution gate compare with.
 
-use gemma4::sampling::{filter, logprobs, SamplerConfig};
+use gemma4::sampling::{apply_logit_bias, filter, logprobs, SamplerConfig};
 use mlx_core::row_sample::{self, RowFilter};
 use mlx_core::{where_, Array, Dtype};
 
@@ -29,6 +30,7 @@ pub fn filters_nothing(cfg: &SamplerConfig) -> bool {
 
 /// Processed logits (temperature applied, filtered tokens at -inf) in f32 // `[.., V]`
 pub fn processed_logits(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
+    let logits = &apply_logit_bias(logits, &cfg.logit_bias)?;
     let t = if cfg.temperature > 0.0 { cfg.temperature } else { 1.0 };
     // The shortcut only for f32 rows: a bf16 target's plain sampler draws from bf16 logprobs
     // scaled in bf16, and p must be that law to the bit.
@@ -43,7 +45,8 @@ pub fn probabilities(logits: &Array, cfg: &SamplerConfig) -> Result<Array> {
         return composed_probabilities(logits, cfg);
     }
     let shape = logits.shape()?;
-    let rows = logits.reshape(&[-1, logits.dim(-1)?])?; // [R, V]
+    let biased = apply_logit_bias(logits, &cfg.logit_bias)?;
+    let rows = biased.reshape(&[-1, logits.dim(-1)?])?; // [R, V]
     let f = RowFilter {
         temperature: cfg.temperature,
         top_p: cfg.top_p,

@@ -3,7 +3,7 @@
 //! `residual_weights`, `probs::sample_rows`) are public so the property tests check the very
 //! ops the loop runs against the host reference in `accept`.
 
-use gemma4::sampling::{logprobs, SamplerConfig};
+use gemma4::sampling::{biased_logprobs, SamplerConfig};
 use mlx_core::random::{self, KeyChain};
 use mlx_core::{concatenate, where_, Array, Dtype};
 
@@ -21,16 +21,17 @@ pub(crate) struct Judged {
     pub drafts: Vec<u32>,
 }
 
-/// Greedy verification: drafts and the target's picks (argmax of the logprobs, plain greedy's
-/// rule) come back in one read; the verdict is the longest matching prefix, then the pick after
-/// it. `logits` // `[d+1, V]`
+/// Greedy verification: drafts and the target's picks (argmax of the logprobs with the
+/// request's `logit_bias`, plain greedy's rule) come back in one read; the verdict is the
+/// longest matching prefix, then the pick after it. `logits` // `[d+1, V]`
 pub(crate) fn greedy_verdict(
     logits: &Array,
     proposal: Option<&Proposal>,
+    sampler: &SamplerConfig,
     rule: VerifyRule,
     stats: &mut SpecStats,
 ) -> Result<Judged> {
-    let picks = logprobs(logits)?.argmax(-1, false)?.astype(Dtype::U32)?; // [d+1]
+    let picks = biased_logprobs(logits, sampler)?.argmax(-1, false)?.astype(Dtype::U32)?; // [d+1]
     let d = match proposal {
         Some(p) => p.len()?,
         None => 0,
@@ -78,6 +79,7 @@ pub(crate) fn sampled_verdict(
     rule: VerifyRule,
     stats: &mut SpecStats,
 ) -> Result<Judged> {
+    // p with the request's logit bias: acceptance, residual and bonus all draw on it.
     let p = probabilities(logits, sampler)?; // [d+1, V] f32
     let d = match proposal {
         Some(p) => p.len()? as i32,
