@@ -131,15 +131,26 @@ impl OutputParser {
                         }
                     }
                 }
-                State::Channel { named: false } => match self.buf.find('\n') {
-                    // The channel's name (`thought`) is markup, not reasoning.
-                    Some(at) => {
-                        self.buf.drain(..=at);
-                        self.state = State::Channel { named: true };
+                State::Channel { named: false } => {
+                    // The channel's name (`thought`) is markup, not reasoning: it runs to the
+                    // first newline, or to the channel's end when that comes first.
+                    let newline = self.buf.find('\n');
+                    let end = self.buf.find(CHANNEL_END);
+                    match (newline, end) {
+                        (Some(n), Some(e)) if e < n => {
+                            self.buf.drain(..e);
+                        }
+                        (Some(n), _) => {
+                            self.buf.drain(..=n);
+                        }
+                        (None, Some(e)) => {
+                            self.buf.drain(..e);
+                        }
+                        // A name still arriving (a partial end marker stays in the buffer).
+                        (None, None) => return out,
                     }
-                    None if self.buf.contains(CHANNEL_END) => self.state = State::Channel { named: true },
-                    None => return out,
-                },
+                    self.state = State::Channel { named: true };
+                }
                 State::Channel { named: true } => match self.buf.find(CHANNEL_END) {
                     Some(at) => {
                         emit(&mut out, Part::Reasoning(self.buf[..at].to_string()));
@@ -239,6 +250,7 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn eat(&mut self, t: &str) -> bool {
+        self.s = self.s.trim_start();
         match self.s.strip_prefix(t) {
             Some(rest) => {
                 self.s = rest;
@@ -249,6 +261,7 @@ impl Reader<'_> {
     }
 
     fn value(&mut self) -> Option<Value> {
+        self.s = self.s.trim_start();
         if self.s.starts_with(QUOTE) {
             return self.string().map(Value::String);
         }
@@ -300,6 +313,7 @@ impl Reader<'_> {
             return Some(Value::Object(map));
         }
         loop {
+            self.s = self.s.trim_start();
             let key = if self.s.starts_with(QUOTE) {
                 self.string()?
             } else {
@@ -363,7 +377,7 @@ mod tests {
 
     #[test]
     fn every_split_of_the_stream_gives_the_same_parts() {
-        let text = "Hi <|channel>thought\nhm<channel|>ok<|tool_call>call:f{a:[1,<|\"|>x,y<|\"|>],b:{<|\"|>k<|\"|>:true},c:null}<tool_call|><|tool_call>call:g{}<tool_call|> end <|";
+        let text = "Hi <|channel>thought\nhm<channel|>ok<|tool_call>call:f{a:[1,<|\"|>x,y<|\"|>],b:{<|\"|>k<|\"|>:true},c:null}<tool_call|><|tool_call>call:g{ x: { y: <|\"|>z<|\"|> } }<tool_call|> end <|channel>thought<channel|>A:\nb <|";
         let whole = OutputParser::parse(text);
         assert_eq!(
             whole,
@@ -372,8 +386,10 @@ mod tests {
                 Part::Reasoning("hm".into()),
                 Part::Content("ok".into()),
                 call("f", json!({"a": [1, "x,y"], "b": {"k": true}, "c": null})),
-                call("g", json!({})),
-                Part::Content(" end <|".into()),
+                call("g", json!({"x": {"y": "z"}})),
+                // A channel with a name and no text adds nothing; its end is found before
+                // the newline that follows it.
+                Part::Content(" end A:\nb <|".into()),
             ]
         );
         let chars: Vec<(usize, char)> = text.char_indices().collect();

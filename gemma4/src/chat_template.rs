@@ -120,10 +120,12 @@ impl ChatTemplate {
     pub fn render_chat(&self, input: &ChatInput<'_>) -> Result<String, ChatTemplateError> {
         let env = self.env();
         let tmpl = env.template_from_str(&self.source).map_err(|e| self.error(e))?;
-        let mut ctx: BTreeMap<&str, minijinja::Value> =
-            self.vars.iter().map(|(k, v)| (k.as_str(), minijinja::Value::from(v.as_str()))).collect();
+        let mut ctx: BTreeMap<&str, minijinja::Value> = BTreeMap::new();
         for (k, v) in input.kwargs.into_iter().flatten() {
             ctx.insert(k.as_str(), minijinja::Value::from_serialize(v));
+        }
+        for (k, v) in &self.vars {
+            ctx.insert(k.as_str(), minijinja::Value::from(v.as_str()));
         }
         ctx.insert("messages", minijinja::Value::from_serialize(input.messages));
         // `tools` is None (falsy) without declarations, as transformers passes it.
@@ -142,7 +144,7 @@ pub struct ChatInput<'a> {
     /// The tool declarations (a JSON list of `{"type": "function", "function": {…}}`), if any.
     pub tools: Option<&'a Value>,
     /// Extra template variables (OpenAI-compatible servers' `chat_template_kwargs`, such as
-    /// `enable_thinking`); the names above take precedence.
+    /// `enable_thinking`); the names above and the special tokens take precedence.
     pub kwargs: Option<&'a serde_json::Map<String, Value>>,
     /// Append the prompt that opens the assistant's turn.
     pub add_generation_prompt: bool,

@@ -173,8 +173,10 @@ impl Tokenizer {
             return self.decode(ids);
         }
         let mut text = String::new();
-        // Runs between kept tokens decode as usual; a special token never merges with its
-        // neighbours, so this equals one decode with those tokens' text spliced in.
+        // Runs between kept tokens decode as usual. A special token never merges with its
+        // neighbours, so this equals one decode with those tokens' text spliced in, for decoders
+        // that treat each run alike (byte-level BPE, Gemma's; not one that strips a leading
+        // space from the first token only).
         for run in ids.split_inclusive(|id| kept.contains(id)) {
             let (last, body) = match run.split_last() {
                 Some((last, body)) if kept.contains(last) => (Some(*last), body),

@@ -34,6 +34,8 @@ pub struct ReplyFormat {
     /// Text the prompt already ends with that belongs to the reply (a forced tool call's
     /// opening), read before the generated text.
     pub forced: String,
+    /// `parallel_tool_calls: false`: the reply carries at most its first call.
+    pub single_call: bool,
 }
 
 impl ReplyFormat {
@@ -69,6 +71,8 @@ pub struct ChatFields {
     pub tool_choice: Option<Value>,
     /// `chat_template_kwargs`.
     pub kwargs: Option<Map<String, Value>>,
+    /// `parallel_tool_calls` (default true).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -136,7 +140,8 @@ pub fn chat_prompt(f: ChatFields, info: &ModelInfo) -> Result<ChatPrompt, ApiErr
         add_generation_prompt: true,
     };
     let ids = chat_input_ids(tok, template, &input, &forced).map_err(chat_error)?;
-    let reply = ReplyFormat { markup: markup.is_some(), tool_calls: declared, forced };
+    let single_call = f.parallel_tool_calls == Some(false);
+    let reply = ReplyFormat { markup: markup.is_some(), tool_calls: declared, forced, single_call };
     Ok(ChatPrompt { ids, kept_tokens: markup.map(|m| m.kept).unwrap_or_default(), reply })
 }
 

@@ -99,7 +99,8 @@ pub struct Fields {
     pub tools: Option<Value>,
     /// `tool_choice`: `none`, `auto` (the default with tools), `required`, or a named function.
     pub tool_choice: Option<Value>,
-    /// `parallel_tool_calls`: accepted; the model may make several calls in one reply.
+    /// `parallel_tool_calls`: true (the default) returns every call the reply makes; false at
+    /// most its first.
     pub parallel_tool_calls: Option<bool>,
     /// `chat_template_kwargs`: extra variables for the chat template (`enable_thinking`).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
@@ -317,6 +318,7 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
                 tools: f.tools,
                 tool_choice: f.tool_choice,
                 kwargs: f.chat_template_kwargs,
+                parallel_tool_calls: f.parallel_tool_calls,
             };
             let chat = chat_prompt(fields, info)?;
             (kept_tokens, reply) = (chat.kept_tokens, chat.reply);
@@ -376,12 +378,15 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
     })
 }
 
-/// A seed for a sampled request that gave none (OpenAI: sampling is then not reproducible).
+/// A seed for a sampled request that gave none (OpenAI: sampling is then not reproducible):
+/// from the operating system's random source, else the clock and a counter.
 fn fresh_seed() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    t ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+    getrandom::u64().unwrap_or_else(|_| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        t ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+    })
 }
 
 /// Ids as given, each checked against the vocabulary (ids past `u32` are outside it too).
@@ -403,34 +408,16 @@ fn checked_logit_bias(map: &serde_json::Map<String, Value>, info: &ModelInfo) ->
     }
     let mut out: Vec<(u32, f32)> = Vec::with_capacity(map.len());
     for (key, value) in map {
-        let id = key.parse::<u64>().map_err(|_| bad(field, format!("'{field}': key {key:?} is not a token id")))?;
-        let id = match u32::try_from(id) {
-            Ok(id) if (id as usize) < info.vocab => id,
-            _ => {
-                return Err(bad(
-                    field,
-                    format!(
-                        "'{field}': token id {id} (key {key:?}) is outside the vocabulary of {} tokens",
-                        info.vocab
-                    ),
-                ))
-            }
-        };
-        let bias = match value.as_f64() {
-            Some(b) if (-100.0..=100.0).contains(&b) => b as f32,
-            _ => {
-                return Err(bad(
-                    field,
-                    format!("'{field}': the bias of key {key:?} must be a number in [-100, 100], got {value}"),
-                ))
-            }
-        };
-        // "5" and "05" are the same token.
-        if out.iter().any(|&(t, _)| t == id) {
-            return Err(bad(field, format!("'{field}': token id {id} (key {key:?}) is given more than once")));
-        }
-        out.push((id, bias));
+        let id = key.parse::<u32>().map_err(|_| {
+            bad(field, format!("'{field}': key {key:?} is not a token id (below the vocabulary of {})", info.vocab))
+        })?;
+        let bias = value.as_f64().ok_or_else(|| {
+            bad(field, format!("'{field}': the bias of key {key:?} must be a number in [-100, 100], got {value}"))
+        })?;
+        out.push((id, bias as f32));
     }
+    // Ranges, the vocabulary and repeats ("5" and "05" are one token): the sampler's own rule.
+    gemma4::sampling::check_logit_bias(&out, Some(info.vocab)).map_err(|e| bad(field, format!("'{field}': {e}")))?;
     Ok(out)
 }
 

@@ -59,13 +59,14 @@ pub struct Reply {
 }
 
 impl Reply {
-    /// Collects parts into a reply.
-    pub fn of(parts: impl IntoIterator<Item = Part>) -> Reply {
+    /// Collects parts into a reply; `single_call` keeps only the first tool call.
+    pub fn of(parts: impl IntoIterator<Item = Part>, single_call: bool) -> Reply {
         let mut r = Reply::default();
         for p in parts {
             match p {
                 Part::Content(s) => r.content.push_str(&s),
                 Part::Reasoning(s) => r.reasoning.push_str(&s),
+                Part::ToolCall(_) if single_call && !r.tool_calls.is_empty() => {}
                 Part::ToolCall(c) => r.tool_calls.push(ToolCallOut::of(&c, None)),
             }
         }
@@ -79,5 +80,28 @@ pub fn finish_reason(finish: FinishReason, calls: usize) -> &'static str {
     match finish {
         FinishReason::Stop if calls > 0 => "tool_calls",
         f => f.as_str(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gemma4::chat_markup::OutputParser;
+
+    #[test]
+    fn calls_content_and_reasoning_are_collected() {
+        let text =
+            "<|channel>thought\nx<channel|>ok <|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{}<tool_call|>";
+        let all = Reply::of(OutputParser::parse(text), false);
+        assert_eq!((all.content.as_str(), all.reasoning.as_str()), ("ok ", "x"));
+        let names: Vec<&str> = all.tool_calls.iter().map(|c| c.function.name.as_str()).collect();
+        assert_eq!(names, ["f", "g"]);
+        assert_eq!(all.tool_calls[0].function.arguments, r#"{"a":1}"#);
+        assert!(all.tool_calls[0].id.starts_with("call_") && all.tool_calls[0].id != all.tool_calls[1].id);
+        let one = Reply::of(OutputParser::parse(text), true);
+        assert_eq!(one.tool_calls.len(), 1, "parallel_tool_calls: false keeps the first call");
+        assert_eq!(finish_reason(FinishReason::Stop, 1), "tool_calls");
+        assert_eq!(finish_reason(FinishReason::Length, 1), "length");
+        assert_eq!(finish_reason(FinishReason::Stop, 0), "stop");
     }
 }

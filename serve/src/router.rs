@@ -77,7 +77,8 @@ pub fn router(engine: Arc<Engine>, cfg: RouterConfig) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(list_models))
-        .route("/v1/models/{id}", get(model_card))
+        // A wildcard: model ids such as `google/gemma-4-e2b-it` hold slashes.
+        .route("/v1/models/{*id}", get(model_card))
         .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -177,7 +178,7 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
                     let reply = parsed.reply.parser().map(|mut p| {
                         let mut parts = p.push(&o.text);
                         parts.extend(p.finish());
-                        Reply::of(parts)
+                        Reply::of(parts, parsed.reply.single_call)
                     });
                     return Ok(Json(env.full(&o, reply.as_ref())).into_response());
                 }
@@ -195,6 +196,7 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
         env,
         include_usage: parsed.include_usage,
         parser: parsed.reply.parser(),
+        single_call: parsed.reply.single_call,
         calls: 0,
     };
     if endpoint == Endpoint::Chat {
@@ -241,6 +243,8 @@ struct ChunkStream {
     include_usage: bool,
     /// Reads a chat reply's markup: thinking and tool calls become their own deltas.
     parser: Option<OutputParser>,
+    /// `parallel_tool_calls: false`: calls after the first are not sent.
+    single_call: bool,
     /// Tool calls sent so far.
     calls: usize,
 }
@@ -281,6 +285,7 @@ impl ChunkStream {
             let delta = match &part {
                 Part::Content(s) => Delta { content: Some(s), ..Delta::default() },
                 Part::Reasoning(s) => Delta { reasoning_content: Some(s), ..Delta::default() },
+                Part::ToolCall(_) if self.single_call && self.calls > 0 => continue,
                 Part::ToolCall(c) => {
                     self.calls += 1;
                     Delta { tool_calls: Some(vec![ToolCallOut::of(c, Some(self.calls - 1))]), ..Delta::default() }

@@ -19,7 +19,7 @@ use std::net::TcpStream;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use common::engine;
+use common::{engine, frames as sse_frames, post};
 
 const LIMIT: usize = 64 * 1024;
 
@@ -43,19 +43,6 @@ fn req(method: &str, path: &str, body: impl Into<Body>) -> HttpRequest<Body> {
         .header("content-type", "application/json")
         .body(body.into())
         .unwrap()
-}
-
-async fn post(app: &Router, path: &str, body: &Value) -> (StatusCode, Value) {
-    let (s, _, v) = call(app, req("POST", path, body.to_string())).await;
-    (s, v)
-}
-
-/// The JSON chunks of an SSE body (without `[DONE]`, which must end it).
-fn sse_frames(v: &Value) -> Vec<Value> {
-    let text = v.as_str().expect("an SSE body");
-    let datas: Vec<&str> = text.split("\n\n").filter_map(|f| f.trim().strip_prefix("data: ")).collect();
-    assert_eq!(datas.last(), Some(&"[DONE]"), "{text}");
-    datas[..datas.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
 }
 
 fn assert_error(v: &Value, kind: &str, code: Option<&str>, param: Option<&str>) {
@@ -109,9 +96,12 @@ async fn unknown_models_are_404_and_the_served_one_has_a_card() {
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["id"], "tiny");
     assert_eq!(v["object"], "model");
-    let (s, _, v) = call(&app, req("GET", "/v1/models/gpt-4", Body::empty())).await;
-    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
-    assert_error(&v, "invalid_request_error", Some("model_not_found"), Some("model"));
+    // Ids with slashes (Hugging Face style) reach the model check, not the route fallback.
+    for path in ["/v1/models/gpt-4", "/v1/models/google/gemma-4-e2b-it"] {
+        let (s, _, v) = call(&app, req("GET", path, Body::empty())).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path}: {v}");
+        assert_error(&v, "invalid_request_error", Some("model_not_found"), Some("model"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,15 +8,14 @@ mod common;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use axum::body::Body;
-use axum::http::{Request as HttpRequest, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use gemma4::chat_template::{ChatInput, ChatTemplate};
 use gemma4::tokenizer::Tokenizer;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use serve::{router, Engine, EngineConfig, RouterConfig};
-use tower::ServiceExt;
+
+use common::frames;
 
 fn fixture() -> &'static PathBuf {
     static D: OnceLock<PathBuf> = OnceLock::new();
@@ -35,29 +34,7 @@ fn app() -> &'static Router {
 }
 
 async fn post(body: &Value) -> (StatusCode, Value) {
-    post_to(app(), body).await
-}
-
-async fn post_to(app: &Router, body: &Value) -> (StatusCode, Value) {
-    let req = HttpRequest::builder()
-        .method("POST")
-        .uri("/v1/chat/completions")
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-    (status, v)
-}
-
-/// The JSON chunks of an SSE body.
-fn frames(v: &Value) -> Vec<Value> {
-    let text = v.as_str().expect("an SSE body");
-    let datas: Vec<&str> = text.split("\n\n").filter_map(|f| f.trim().strip_prefix("data: ")).collect();
-    assert_eq!(datas.last(), Some(&"[DONE]"), "{text}");
-    datas[..datas.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
+    common::post(app(), "/v1/chat/completions", body).await
 }
 
 fn ask(text: &str) -> Value {
@@ -214,6 +191,6 @@ async fn bad_tool_requests_name_the_field() {
     }
     // A model whose tokenizer has no tool-call markup cannot take tools.
     let plain = router(Arc::new(common::engine(false, 1)), RouterConfig::default());
-    let (s, v) = post_to(&plain, &json!({"messages": user, "tools": tools})).await;
+    let (s, v) = common::post(&plain, "/v1/chat/completions", &json!({"messages": user, "tools": tools})).await;
     assert_eq!((s, v["error"]["param"].as_str()), (StatusCode::BAD_REQUEST, Some("tools")), "{v}");
 }
