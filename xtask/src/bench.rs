@@ -555,7 +555,8 @@ pub fn round_breakdown(model_dir: &Path, drafter_dir: &Path, ctx: usize, reps: u
 /// standard library), `max_tokens` each, greedy and sampled: plain and speculative end-to-end
 /// times per prompt (prefill included, medians of `reps`), τ, and for greedy whether the
 /// outputs are identical. The speedup's min / median / max over prompts is what the README
-/// reports.
+/// reports, beside the share of outputs that loop ([`crate::repeats::loops`]) and the median
+/// speedup over the outputs that do not.
 pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
     let dir = engine::default_model::ensure(false)?;
     let ddir = engine::default_model::ensure_drafter(false)?;
@@ -581,10 +582,13 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
     spec_decode::speculative_generate(&model, drafter.as_mut(), &ids[0], &sc, |_| {})?;
     let mut rows = Vec::new();
     println!("\nthe default pair on {n} held-out prompts × {max_tokens} tokens (γ {gamma}, {}):", resolved.describe());
-    println!("| sampling | speedup min | median | max | τ | acceptance | plain tok/s | speculative tok/s | greedy outputs identical |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| sampling | speedup min | median | max | outputs that loop | median without loops | τ | acceptance | plain tok/s | speculative tok/s | greedy outputs identical |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, sampler) in samplers {
         let mut speedups = Vec::new();
+        let mut looping = Vec::new();
         let mut totals = spec_decode::SpecStats::default();
         let (mut plain_total, mut spec_total, mut identical) = (0.0, 0.0, 0usize);
         for (i, prompt) in ids.iter().enumerate() {
@@ -607,6 +611,7 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
             plain_total += p;
             spec_total += s;
             speedups.push(p / s.max(1e-9));
+            looping.push(crate::repeats::loops(&plain_tokens));
             totals.absorb(&stats);
             if plain_tokens == spec_tokens {
                 identical += 1;
@@ -622,15 +627,21 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
         let (min, med, max) = (sorted[0], sorted[sorted.len() / 2], sorted[sorted.len() - 1]);
         let rate = |ms: f64| (n * max_tokens) as f64 / (ms / 1e3).max(1e-9);
         let same = if sampler.is_greedy() { format!("{identical}/{n}") } else { "-".into() };
+        let loop_free: Vec<f64> = speedups.iter().zip(&looping).filter(|(_, &l)| !l).map(|(s, _)| *s).collect();
+        let loop_free_median = (!loop_free.is_empty()).then(|| median(loop_free.clone()));
+        let loops = looping.iter().filter(|&&l| l).count();
         println!(
-            "| {name} | {min:.2}× | {med:.2}× | {max:.2}× | {:.2} | {:.1}% | {:.1} | {:.1} | {same} |",
+            "| {name} | {min:.2}× | {med:.2}× | {max:.2}× | {loops}/{n} | {} ({} outputs) | {:.2} | {:.1}% | {:.1} | {:.1} | {same} |",
+            loop_free_median.map_or_else(|| "-".to_string(), |m| format!("{m:.2}×")),
+            loop_free.len(),
             totals.tau(),
             100.0 * totals.acceptance_rate(),
             rate(plain_total),
             rate(spec_total)
         );
         rows.push(json!({"sampling": name, "speedup_min": min, "speedup_median": med, "speedup_max": max,
-                         "speedups": speedups, "tau": totals.tau(), "acceptance": totals.acceptance_rate(),
+                         "speedups": speedups, "looping": looping, "loop_free_speedup_median": loop_free_median,
+                         "long_repeat_tokens": crate::repeats::LONG_REPEAT, "tau": totals.tau(), "acceptance": totals.acceptance_rate(),
                          "plain_tok_per_s": rate(plain_total), "speculative_tok_per_s": rate(spec_total),
                          "identical": identical, "accepted_by_position": totals.accepted_by_pos,
                          "drafted_by_position": totals.drafted_by_pos}));

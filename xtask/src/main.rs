@@ -5,6 +5,7 @@ mod bench;
 mod chisq;
 mod gates;
 mod parity;
+mod repeats;
 mod serve_gate;
 mod train_default;
 mod venv;
