@@ -1,7 +1,8 @@
 //! PNG plots, drawn with plotters' bitmap backend: the bench's verify cost v(k) per compute
-//! path next to the k = v(k) line where speculation cannot pay, and calibration's reliability
-//! diagram. Text is rendered with ab_glyph from a system TrueType font (DejaVu Sans or
-//! Liberation Sans); with none installed a plot is skipped with a message, since its numbers
+//! path next to the k = v(k) line where speculation cannot pay, calibration's reliability
+//! diagram, and plain x–y lines (the serving benchmark's throughput by concurrency). Text is
+//! rendered with ab_glyph from a system TrueType font (DejaVu Sans or Liberation Sans); with
+//! none installed a plot is skipped with a message, since its numbers
 //! are also printed and stored. Plots are drawn into memory and encoded with the `png` crate at
 //! its best compression (plotters' own encoder writes files ten times larger, which matters for
 //! the diagram committed next to the default drafter), through a temporary file and a rename.
@@ -77,6 +78,67 @@ pub fn verify_cost(path: &Path, title: &str, curves: &[Curve]) -> Result<bool> {
                 .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
                 .map_err(|e| err(&e))?
                 .label(c.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(&e))?;
+        Ok(())
+    })?;
+    Ok(true)
+}
+
+/// One line of an x–y plot: its label and points.
+pub struct Series {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Writes a plot of `series` as lines with markers (x on a log₂ axis when `log2_x`, as for
+/// concurrency levels 1, 4, 16, 32); `Ok(false)` when no font was found (nothing written).
+pub fn lines(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[Series],
+    log2_x: bool,
+) -> Result<bool> {
+    if !font_available() {
+        return Ok(false);
+    }
+    let tx = |x: f64| if log2_x { x.max(1e-9).log2() } else { x };
+    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| tx(p.0)));
+    let (xmin, xmax) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
+    let (xmin, xmax) = if xmin < xmax { (xmin, xmax) } else { (0.0, 1.0) };
+    let ymax = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(1.0, f64::max) * 1.1;
+    render(path, (900, 560), |root| {
+        let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(xmin..xmax, 0f64..ymax)
+            .map_err(|e| err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(y_desc)
+            .x_label_formatter(&|x| if log2_x { format!("{:.0}", x.exp2()) } else { format!("{x}") })
+            .draw()
+            .map_err(|e| err(&e))?;
+        for (i, s) in series.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (tx(x), y)).collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(|e| err(&e))?
+                .label(s.label.clone())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
             chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
         }

@@ -6,6 +6,7 @@ mod chisq;
 mod gates;
 mod parity;
 mod repeats;
+mod serve_bench;
 mod serve_gate;
 mod train_default;
 mod venv;
@@ -48,6 +49,11 @@ enum Cmd {
         /// Only the default pair on 20 held-out prompts × 128 tokens (speedup, τ, identity).
         #[arg(long)]
         default: bool,
+        /// Only the servers under load: dspark-serve (plain, speculative with full blocks and
+        /// with the schedule, f32 and bf16) and mlx-lm's server on the default pair, 1/4/16/32
+        /// concurrent streamed clients, greedy and T = 1; writes serve.json and serve.png.
+        #[arg(long)]
+        serve: bool,
         /// Only the draft-length schedules on the default pair: the throughput schedule against
         /// full blocks and every static γ, greedy and T = 1 (20 held-out prompts × 128 tokens).
         #[arg(long)]
@@ -151,6 +157,14 @@ fn main() -> Result<()> {
             let r = bench::costs(&dir, 5)?;
             std::fs::write(dir.join("costs.json"), serde_json::to_string_pretty(&r)?)?;
             println!("wrote {}", dir.join("costs.json").display());
+            Ok(())
+        }
+        Cmd::Bench { serve: true, dir, quick, .. } => {
+            let dir = dir.unwrap_or_else(|| target_dir().join("bench"));
+            std::fs::create_dir_all(&dir)?;
+            let r = serve_bench::run(&dir, &target_dir().join("reference-venv"), quick)?;
+            std::fs::write(dir.join("serve.json"), serde_json::to_string_pretty(&r)?)?;
+            println!("wrote {}", dir.join("serve.json").display());
             Ok(())
         }
         Cmd::Bench { default: true, dir, .. } => {
