@@ -129,7 +129,13 @@ pub fn lines(
             .configure_mesh()
             .x_desc(x_desc)
             .y_desc(y_desc)
-            .x_label_formatter(&|x| if log2_x { format!("{:.0}", x.exp2()) } else { format!("{x}") })
+            // On a log₂ axis only the powers of two are labelled.
+            .x_labels(if log2_x { (xmax - xmin).round() as usize + 1 } else { 10 })
+            .x_label_formatter(&|x| match log2_x {
+                true if (x - x.round()).abs() < 1e-6 => format!("{:.0}", x.exp2()),
+                true => String::new(),
+                false => format!("{x}"),
+            })
             .draw()
             .map_err(|e| err(&e))?;
         for (i, s) in series.iter().enumerate() {
