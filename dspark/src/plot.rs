@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Result};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
@@ -71,26 +72,39 @@ pub fn verify_cost(path: &Path, title: &str, curves: &[Curve]) -> Result<bool> {
             .map_err(|e| err(&e))?
             .label("v(k) = k: no gain from batching")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
-        for (i, c) in curves.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let points: Vec<(f64, f64)> = c.values.iter().enumerate().map(|(k, v)| (k as f64 + 1.0, *v)).collect();
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(c.label.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-            chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(&e))?;
-        Ok(())
+        let lines = curves.iter().map(|c| {
+            let points = c.values.iter().enumerate().map(|(k, v)| (k as f64 + 1.0, *v)).collect();
+            (c.label.clone(), points)
+        });
+        draw_lines(&mut chart, lines, path)
     })?;
     Ok(true)
+}
+
+/// Draws each `(label, points)` as a coloured line with markers, then the legend.
+fn draw_lines<'a, 'b: 'a>(
+    chart: &mut ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    lines: impl Iterator<Item = (String, Vec<(f64, f64)>)>,
+    path: &Path,
+) -> Result<()> {
+    let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
+    for (i, (label, points)) in lines.enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
+    Ok(())
 }
 
 /// One line of an x–y plot: its label and points.
@@ -138,24 +152,8 @@ pub fn lines(
             })
             .draw()
             .map_err(|e| err(&e))?;
-        for (i, s) in series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let points: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (tx(x), y)).collect();
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(s.label.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-            chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(|e| err(&e))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(&e))?;
-        Ok(())
+        let lines = series.iter().map(|s| (s.label.clone(), s.points.iter().map(|&(x, y)| (tx(x), y)).collect()));
+        draw_lines(&mut chart, lines, path)
     })?;
     Ok(true)
 }
@@ -277,6 +275,32 @@ mod tests {
             assert!(!path.exists(), "no font: nothing written");
         }
         assert!(!path.with_extension("png.tmp").exists(), "the temporary file is renamed away");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn line_plots_are_written_on_log2_and_linear_axes() {
+        let dir = std::env::temp_dir().join(format!("dspark-lines-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let series = [
+            Series { label: "a".into(), points: vec![(1.0, 10.0), (4.0, 30.0), (32.0, 20.0)] },
+            Series { label: "b".into(), points: vec![(1.0, 5.0)] },
+        ];
+        for (name, log2_x) in [("log.png", true), ("linear.png", false)] {
+            let path = dir.join(name);
+            if lines(&path, "t", ("x", "y"), &series, log2_x).unwrap() {
+                let info = png::Decoder::new(std::io::Cursor::new(std::fs::read(&path).unwrap()))
+                    .read_info()
+                    .unwrap()
+                    .info()
+                    .clone();
+                assert_eq!((info.width, info.height), (900, 560));
+            } else {
+                assert!(!path.exists(), "no font: nothing written");
+            }
+        }
+        let cost = verify_cost(&dir.join("cost.png"), "v", &[Curve { label: "c".into(), values: vec![1.0, 1.5] }]);
+        assert!(cost.unwrap() == dir.join("cost.png").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
