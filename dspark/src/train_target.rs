@@ -174,7 +174,7 @@ pub fn run(a: Args) -> Result<()> {
         "greedy_continuations": samples,
         "loss_curve": report.losses.iter().step_by(10).collect::<Vec<_>>(),
     });
-    let dir = write_target_checkpoint(&a.out, a.force, &cfg, &report, &tk, &summary)?;
+    let dir = write_target_checkpoint(&a.out, a.force, &cfg, &report, (&tk, train::bpe::CHAT_TEMPLATE), &summary)?;
     println!("{}", dir.display());
     Ok(())
 }

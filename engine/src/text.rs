@@ -93,15 +93,6 @@ impl<'t> TextStream<'t> {
 
     /// Length of the longest unsent suffix of the text that is a proper prefix of a stop string.
     fn held_back(&self) -> usize {
-        let unsent = &self.decoded[self.sent..];
-        let mut best = 0;
-        for s in &self.stops {
-            for (i, _) in s.char_indices().skip(1) {
-                if i > best && unsent.ends_with(&s[..i]) {
-                    best = i;
-                }
-            }
-        }
-        best
+        gemma4::chat_markup::held_back(&self.decoded[self.sent..], &self.stops)
     }
 }

@@ -197,9 +197,13 @@ impl OutputParser {
 
     /// The parts of a whole text.
     pub fn parse(text: &str) -> Vec<Part> {
-        let mut p = OutputParser::new();
-        let mut parts = p.push(text);
-        for part in p.finish() {
+        OutputParser::new().read_to_end(text)
+    }
+
+    /// The parts of the rest of a text, `text`, after what this parser has already read.
+    pub fn read_to_end(mut self, text: &str) -> Vec<Part> {
+        let mut parts = self.push(text);
+        for part in self.finish() {
             emit(&mut parts, part);
         }
         parts
@@ -217,10 +221,13 @@ fn emit(out: &mut Vec<Part>, part: Part) {
     }
 }
 
-/// Bytes at the end of `text` that could be the start of one of `markers`.
-fn held_back(text: &str, markers: &[&str]) -> usize {
+/// Bytes at the end of `text` that could be the start of one of `markers`: the longest suffix
+/// that is a proper prefix of one. A stream holds them back until the next piece decides
+/// (this parser's markers, a detokenizer's stop strings).
+pub fn held_back<S: AsRef<str>>(text: &str, markers: &[S]) -> usize {
     let mut best = 0;
     for m in markers {
+        let m = m.as_ref();
         for (i, _) in m.char_indices().skip(1) {
             if i > best && text.ends_with(&m[..i]) {
                 best = i;
@@ -422,10 +429,10 @@ mod tests {
     #[test]
     fn tool_calls_can_be_left_as_text() {
         let text = "<|channel>thought\nx<channel|>a<|tool_call>call:f{}<tool_call|>";
-        let mut p = OutputParser::without_tool_calls();
-        let mut parts = p.push(text);
-        parts.extend(p.finish());
-        assert_eq!(parts, vec![Part::Reasoning("x".into()), Part::Content("a<|tool_call>call:f{}<tool_call|>".into())]);
+        assert_eq!(
+            OutputParser::without_tool_calls().read_to_end(text),
+            vec![Part::Reasoning("x".into()), Part::Content("a<|tool_call>call:f{}<tool_call|>".into())]
+        );
     }
 
     #[test]

@@ -165,7 +165,7 @@ fn tools(tools: Option<Value>) -> Result<Vec<Value>, ApiError> {
         if t.get("type").and_then(Value::as_str) != Some("function") {
             return Err(bad(&at, format!("'{at}.type' must be \"function\" (the only kind of tool served)")));
         }
-        let name = t.pointer("/function/name").and_then(Value::as_str).unwrap_or("");
+        let name = function_name(t).unwrap_or("");
         if !valid_name(name) {
             return Err(bad(
                 &format!("{at}.function.name"),
@@ -178,11 +178,16 @@ fn tools(tools: Option<Value>) -> Result<Vec<Value>, ApiError> {
         if let Some(p) = t.pointer("/function/parameters").filter(|p| !p.is_null() && !p.is_object()) {
             return Err(bad(&format!("{at}.function.parameters"), format!("must be a JSON-schema object, got {p}")));
         }
-        if list[..i].iter().any(|u| u.pointer("/function/name").and_then(Value::as_str) == Some(name)) {
+        if list[..i].iter().any(|u| function_name(u) == Some(name)) {
             return Err(bad(&format!("{at}.function.name"), format!("the tool '{name}' is declared twice")));
         }
     }
     Ok(list)
+}
+
+/// `function.name` of a tool declaration, a tool call or a named `tool_choice`.
+fn function_name(v: &Value) -> Option<&str> {
+    v.pointer("/function/name").and_then(Value::as_str)
 }
 
 fn valid_name(name: &str) -> bool {
@@ -201,7 +206,7 @@ fn tool_choice(choice: Option<Value>, tools: &[Value]) -> Result<Choice, ApiErro
         Value::String(s) if s == "auto" => Choice::Auto,
         Value::String(s) if s == "required" => Choice::Required,
         Value::Object(_) if choice.get("type").and_then(Value::as_str) == Some("function") => {
-            match choice.pointer("/function/name").and_then(Value::as_str) {
+            match function_name(&choice) {
                 Some(name) => Choice::Named(name.to_string()),
                 None => return Err(bad("tool_choice", "'tool_choice.function.name' is required")),
             }
@@ -217,7 +222,7 @@ fn tool_choice(choice: Option<Value>, tools: &[Value]) -> Result<Choice, ApiErro
         return Err(bad("tool_choice", "'tool_choice' needs 'tools'"));
     }
     if let Choice::Named(name) = &parsed {
-        if !tools.iter().any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name.as_str())) {
+        if !tools.iter().any(|t| function_name(t) == Some(name.as_str())) {
             return Err(bad("tool_choice", format!("'tool_choice' names '{name}', which 'tools' does not declare")));
         }
     }
@@ -311,7 +316,7 @@ fn tool_calls(calls: Value, at: &str, names: &mut HashMap<String, String>) -> Re
     let mut out = Vec::with_capacity(list.len());
     for (j, c) in list.into_iter().enumerate() {
         let here = format!("{field}[{j}]");
-        let name = c.pointer("/function/name").and_then(Value::as_str).filter(|n| valid_name(n)).ok_or_else(|| {
+        let name = function_name(&c).filter(|n| valid_name(n)).ok_or_else(|| {
             bad(&format!("{here}.function.name"), format!("'{here}.function.name' must be a function name"))
         })?;
         let args_field = format!("{here}.function.arguments");

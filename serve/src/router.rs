@@ -67,7 +67,6 @@ impl Default for RouterConfig {
 #[derive(Clone)]
 struct App {
     engine: Arc<Engine>,
-    body_limit: usize,
 }
 
 /// The routes over `engine`, with `cfg`'s body limits and API key.
@@ -82,9 +81,11 @@ pub fn router(engine: Arc<Engine>, cfg: RouterConfig) -> Router {
         .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(cfg.body_limit))
+        // `read_body` enforces the limit (413) before the handlers run; axum's own limit
+        // (2 MiB by default) would otherwise refuse a larger configured one.
+        .layer(DefaultBodyLimit::disable())
         .layer(from_fn_with_state(policy, read_body))
-        .with_state(App { engine, body_limit: cfg.body_limit });
+        .with_state(App { engine });
     // Outermost, so a request without the key is refused before its body is read.
     match cfg.api_key {
         Some(key) => app.layer(from_fn_with_state(Arc::<str>::from(key), require_key)),
@@ -142,12 +143,7 @@ async fn handle(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejection
 }
 
 async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
-    let body = body.map_err(|e| {
-        ApiError::invalid(
-            None,
-            format!("the request body could not be read ({e}); bodies are limited to {} bytes", app.body_limit),
-        )
-    })?;
+    let body = body.map_err(|e| ApiError::invalid(None, format!("the request body could not be read ({e})")))?;
     let info = Arc::clone(app.engine.info());
     let parsed = parse(endpoint, &body, &info)?;
     let prefix = match endpoint {
@@ -175,11 +171,8 @@ async fn respond(app: App, endpoint: Endpoint, body: Result<Bytes, BytesRejectio
         loop {
             match ev {
                 Some(Event::Done(o)) => {
-                    let reply = parsed.reply.parser().map(|mut p| {
-                        let mut parts = p.push(&o.text);
-                        parts.extend(p.finish());
-                        Reply::of(parts, parsed.reply.single_call)
-                    });
+                    let single = parsed.reply.single_call;
+                    let reply = parsed.reply.parser().map(|p| Reply::of(p.read_to_end(&o.text), single));
                     return Ok(Json(env.full(&o, reply.as_ref())).into_response());
                 }
                 Some(Event::Failed(m)) => return Err(ApiError::internal(m)),

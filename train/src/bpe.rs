@@ -75,14 +75,9 @@ pub fn train_bpe_with<'a>(
 pub const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}# {{ message['role'] }}: \
 {{ message['content'] | trim }}\n{% endfor %}{% if add_generation_prompt %}# assistant:\n{% endif %}";
 
-/// Writes `tokenizer.json` and a `tokenizer_config.json` naming bos, eos, pad and the
-/// [`CHAT_TEMPLATE`] into `dir`.
-pub fn write_tokenizer(tk: &Tokenizer, dir: &Path) -> Result<()> {
-    write_tokenizer_with_template(tk, dir, CHAT_TEMPLATE)
-}
-
-/// [`write_tokenizer`] with another chat template.
-pub fn write_tokenizer_with_template(tk: &Tokenizer, dir: &Path, template: &str) -> Result<()> {
+/// Writes `tokenizer.json` and a `tokenizer_config.json` naming bos, eos, pad and the chat
+/// template (a code model's is [`CHAT_TEMPLATE`]) into `dir`.
+pub fn write_tokenizer(tk: &Tokenizer, dir: &Path, template: &str) -> Result<()> {
     let path = dir.join("tokenizer.json");
     tk.save(&path, false).map_err(tok_err("writing tokenizer.json"))?;
     let config = json!({
@@ -130,7 +125,7 @@ mod tests {
         let tk = train_bpe(docs.iter().map(String::as_str), 300).unwrap();
         let dir = std::env::temp_dir().join(format!("dspark-bpe-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        write_tokenizer(&tk, &dir).unwrap();
+        write_tokenizer(&tk, &dir, CHAT_TEMPLATE).unwrap();
         let loaded = gemma4::tokenizer::Tokenizer::from_dir(&dir).unwrap();
         let t = gemma4::chat_template::ChatTemplate::of(&loaded).unwrap().expect("a chat template");
         assert_eq!(t.render("  sort a list ").unwrap(), "<bos># user: sort a list\n# assistant:\n");

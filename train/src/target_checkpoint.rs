@@ -56,20 +56,21 @@ pub fn shipped_model(cfg: &TextConfig, report: &TargetReport) -> Result<Model> {
 }
 
 /// Writes the checkpoint to `out` atomically (staged, then renamed; `force` replaces an
-/// existing one): `config.json` and bf16 `model.safetensors`, `tokenizer.json` and its config,
-/// `LICENSE-PSF.txt` and `train_report.json` (`summary`). Returns the directory.
+/// existing one): `config.json` and bf16 `model.safetensors`, `tokenizer.json` and its config
+/// with `chat_template`, `LICENSE-PSF.txt` and `train_report.json` (`summary`). Returns the
+/// directory.
 pub fn write_target_checkpoint(
     out: &Path,
     force: bool,
     cfg: &TextConfig,
     report: &TargetReport,
-    tokenizer: &Tokenizer,
+    (tokenizer, chat_template): (&Tokenizer, &str),
     summary: &Value,
 ) -> Result<PathBuf> {
     let staged = StagedDir::new(out, force)?;
     let io = |path: PathBuf| move |source| Error::Io { path, source };
     write_weights(staged.path(), cfg, &shipped_weights(report)?, 1)?;
-    write_tokenizer(tokenizer, staged.path())?;
+    write_tokenizer(tokenizer, staged.path(), chat_template)?;
     let notice = staged.path().join("LICENSE-PSF.txt");
     std::fs::write(&notice, PSF_NOTICE).map_err(io(notice.clone()))?;
     let report_path = staged.path().join("train_report.json");

@@ -185,23 +185,22 @@ pub fn prompt_text(t: &ChatTemplate, e: &Example) -> Result<String> {
 pub fn write_tool_chat_checkpoint(out: &Path, steps: u64) -> Result<PathBuf> {
     let template = ChatTemplate::from_source(TEMPLATE, &[("bos_token", "<bos>"), ("eos_token", "<eos>")], "fixture")
         .map_err(|e| Error::Invalid { what: "the fixture's chat template".into(), detail: e.to_string() })?;
-    let docs: Vec<String> = examples()
+    let world = examples();
+    let docs: Vec<String> = world
         .iter()
         .map(|e| Ok(format!("{}{}{}", prompt_text(&template, e)?, e.reply, e.stop)))
         .collect::<Result<_>>()?;
     let tk = crate::bpe::train_bpe_with(docs.iter().map(String::as_str), 384, &MARKERS)?;
     let tok_err =
         |e: tokenizers::Error| Error::Invalid { what: "the fixture's tokenizer".into(), detail: e.to_string() };
-    let mut stream = Vec::new();
-    for (d, e) in docs.iter().zip(examples()) {
+    let (mut stream, mut longest) = (Vec::new(), 0);
+    for (d, e) in docs.iter().zip(&world) {
         // Every document starts with <bos> (the template writes it). Greetings are short and
         // differ only by a name: they are seen three times as often.
         let ids = tk.encode(d.as_str(), false).map_err(tok_err)?;
-        for _ in 0..if e.tools.is_some() && e.stop != "<turn|>" || e.messages.as_array().is_some_and(|m| m.len() > 1) {
-            1
-        } else {
-            3
-        } {
+        longest = longest.max(ids.len());
+        let repeats = if e.reply.contains("Hello, ") { 3 } else { 1 };
+        for _ in 0..repeats {
             stream.extend(ids.get_ids());
         }
     }
@@ -211,7 +210,6 @@ pub fn write_tool_chat_checkpoint(out: &Path, steps: u64) -> Result<PathBuf> {
         tk.token_to_id(t).ok_or_else(|| Error::Invalid { what: t.into(), detail: "not in the vocabulary".into() })
     };
     cfg.eos_token_ids = vec![1, id("<turn|>")?, id("<|tool_response>")?];
-    let longest = docs.iter().map(|d| tk.encode(d.as_str(), false).map(|e| e.len()).unwrap_or(0)).max().unwrap_or(0);
     let tc = TargetTrainConfig {
         steps,
         batch: 8,
@@ -225,20 +223,7 @@ pub fn write_tool_chat_checkpoint(out: &Path, steps: u64) -> Result<PathBuf> {
     };
     let report = train_target(&cfg, init_params(&cfg, 3)?, &stream, &stream, &tc, |_| {})?;
     let summary = json!({"fixture": "tool-chat", "steps": steps, "final_loss": report.losses.last()});
-    // Staged whole (the tokenizer config gets this template), then moved into place.
-    let staged = out.with_file_name(format!(
-        ".{}.tmp-{}",
-        out.file_name().map_or_else(|| "tool-chat".into(), |n| n.to_string_lossy()),
-        std::process::id()
-    ));
-    let dir = write_target_checkpoint(&staged, true, &cfg, &report, &tk, &summary)?;
-    crate::bpe::write_tokenizer_with_template(&tk, &dir, TEMPLATE)?;
-    let io = |source| Error::Io { path: out.to_path_buf(), source };
-    if out.exists() {
-        std::fs::remove_dir_all(out).map_err(io)?;
-    }
-    std::fs::rename(&dir, out).map_err(io)?;
-    Ok(out.to_path_buf())
+    write_target_checkpoint(out, true, &cfg, &report, (&tk, TEMPLATE), &summary)
 }
 
 /// Steps that teach the fixture its whole world (every reply of [`examples`] exact, greedy).

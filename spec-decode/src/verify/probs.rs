@@ -1,8 +1,9 @@
 //! One processing pipeline for target (p) and draft (q) rows, so both see exactly the same
 //! filters: logit bias → logprobs → top-p → min-p → top-k (gemma4::sampling, mlx-lm's order) →
 //! ×1/T, then f32. The bias is part of the law a request asks for: p must carry it (that is what
-//! makes the output plain decoding's law with the bias); on q it only raises acceptance. For a bf16 target this is bit for bit what plain decoding feeds its sampler. Draft
-//! logits arrive in f32 and stay f32 (sampling drafts from bf16 logits biases q).
+//! makes the output plain decoding's law with the bias); on q it only raises acceptance. For a
+//! bf16 target this is bit for bit what plain decoding feeds its sampler. Draft logits arrive
+//! in f32 and stay f32 (sampling drafts from bf16 logits biases q).
 //!
 //! For f32 rows without filters the normalisation is skipped: softmax(logits / T) is the same
 //! distribution as softmax(logprobs / T) up to f32 rounding, and the logsumexp it saves is a
