@@ -1,6 +1,10 @@
 //! Gemma-4 attention: q/k norms instead of 1/√d (scale 1.0), V normed without
 //! weight and not roped, GQA in the kernel, and KV sharing: a shared layer reads its donor's
 //! fetched K/V and the donor's pre-write offset.
+//!
+//! A stepwise forward may hold the rows of several sessions (a batched engine's verify windows
+//! and decode steps): the rows are split into segments, one per session, each roped from its
+//! own cache's offset and attending over its own cache.
 
 use mlx_core::{concatenate, fast, Array};
 
@@ -19,8 +23,9 @@ pub enum Attend<'a> {
     Batched(&'a AttnMask),
     /// Each query alone, over exactly the keys (and key order) a one-token decode step at its
     /// position would see, so each row is bit-identical to token-at-a-time decoding
-    /// (verification). Needs a cache.
-    Stepwise,
+    /// (verification). The rows are segments of these lengths, one per session, each with its
+    /// own cache (one cache per segment).
+    Stepwise(&'a [i32]),
 }
 
 /// What a layer attended to.
@@ -32,19 +37,37 @@ enum Fetched {
     Stepwise(Vec<crate::cache::KvPieces>),
 }
 
-/// K/V (and RoPE offset) a donor publishes to its sharers.
+/// K/V (and RoPE offsets, one per segment) a donor publishes to its sharers.
 #[derive(Clone, Debug)]
 pub struct SharedKv {
     kv: Fetched,
-    offset: i32,
+    offsets: Vec<i32>,
 }
 
 impl SharedKv {
-    /// The same K/V for a sharer that runs only the rows from `rows` on: its queries start
-    /// `rows` positions later.
+    /// The same K/V for a sharer that runs only the rows from `rows` on (one segment): its
+    /// queries start `rows` positions later.
     pub(crate) fn for_rows_from(&self, rows: i32) -> SharedKv {
-        SharedKv { kv: self.kv.clone(), offset: self.offset + rows }
+        SharedKv { kv: self.kv.clone(), offsets: self.offsets.iter().map(|o| o + rows).collect() }
     }
+}
+
+/// Applies `rope` to each segment of x `[B, H, ΣL, D]` from its own offset.
+fn rope_segments(rope: &Rope, x: &Array, lens: &[i32], offsets: &[i32]) -> Result<Array> {
+    if lens.len() <= 1 {
+        return rope.apply(x, offsets.first().copied().unwrap_or(0));
+    }
+    let mut start = 0;
+    let parts = lens
+        .iter()
+        .zip(offsets)
+        .map(|(&l, &o)| {
+            let part = rope.apply(&x.slice_axis(2, start, start + l)?, o);
+            start += l;
+            part
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(concatenate(&parts, 2)?)
 }
 
 struct KvProj {
@@ -97,12 +120,12 @@ impl Attention {
 
     /// x `[B, L, H]` -> (`[B, L − rows_from, H]`, the K/V this layer attended to): keys and
     /// values of every row, queries of the rows from `rows_from` on (a mask in `attend` covers
-    /// just those queries).
+    /// just those queries). `caches`: none, or one per segment (a batched forward has one).
     pub fn forward(
         &self,
         x: &Array,
         attend: Attend<'_>,
-        cache: Option<&mut LayerCache>,
+        caches: Vec<&mut LayerCache>,
         shared: Option<&SharedKv>,
         rows_from: i32,
     ) -> Result<(Array, SharedKv)> {
@@ -112,33 +135,57 @@ impl Attention {
         let lq = l - rows_from;
         let q = self.q_proj.forward(&xq)?.reshape(&[b, lq, self.n_heads, self.head_dim])?;
         let q = fast::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?; // [B, Hq, L, D]
-        let (kv, offset) = match (&self.kv, shared) {
-            (_, Some(s)) => (s.kv.clone(), s.offset),
+        let lens = match attend {
+            Attend::Stepwise(lens) => lens.to_vec(),
+            Attend::Batched(_) => vec![l],
+        };
+        let (kv, offsets) = match (&self.kv, shared) {
+            (_, Some(s)) => (s.kv.clone(), s.offsets.clone()),
             (Some(proj), None) => {
                 let k = proj.k_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?;
                 let v = match &proj.v_proj {
                     Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?,
                     None => k.clone(),
                 };
-                let offset = cache.as_ref().map(|c| c.offset() as i32).unwrap_or(0);
+                let offsets: Vec<i32> = match caches.is_empty() {
+                    true => vec![0; lens.len()],
+                    false => caches.iter().map(|c| c.offset() as i32).collect(),
+                };
                 let k = fast::rms_norm(&k, Some(&proj.k_norm), self.eps)?.transpose(&[0, 2, 1, 3])?; // [B, Hkv, L, D]
-                let k = self.rope.apply(&k, offset)?;
+                let k = rope_segments(&self.rope, &k, &lens, &offsets)?;
                 let v = fast::rms_norm(&v, None, self.eps)?.transpose(&[0, 2, 1, 3])?;
-                let kv = match (attend, cache) {
-                    (Attend::Batched(_), Some(c)) => {
-                        let (k, v) = c.update_and_fetch(&k, &v)?;
-                        Fetched::Batched(k, v)
-                    }
-                    (Attend::Batched(_), None) => Fetched::Batched(k, v),
-                    (Attend::Stepwise, Some(c)) => Fetched::Stepwise(c.update_and_fetch_stepwise_pieces(&k, &v)?),
-                    (Attend::Stepwise, None) => {
-                        return Err(crate::Error::Input {
-                            op: "attention",
-                            detail: "a stepwise forward needs a cache".into(),
-                        })
+                let mut caches = caches;
+                let kv = match attend {
+                    Attend::Batched(_) => match caches.first_mut() {
+                        Some(c) => {
+                            let (k, v) = c.update_and_fetch(&k, &v)?;
+                            Fetched::Batched(k, v)
+                        }
+                        None => Fetched::Batched(k, v),
+                    },
+                    Attend::Stepwise(_) => {
+                        if caches.len() != lens.len() {
+                            return Err(crate::Error::Input {
+                                op: "attention",
+                                detail: format!(
+                                    "a stepwise forward needs one cache per segment: {} caches for {} segments",
+                                    caches.len(),
+                                    lens.len()
+                                ),
+                            });
+                        }
+                        let mut rows = Vec::with_capacity(l as usize);
+                        let mut start = 0;
+                        for (c, &n) in caches.iter_mut().zip(&lens) {
+                            let ks = k.slice_axis(2, start, start + n)?;
+                            let vs = v.slice_axis(2, start, start + n)?;
+                            rows.extend(c.update_and_fetch_stepwise_pieces(&ks, &vs)?);
+                            start += n;
+                        }
+                        Fetched::Stepwise(rows)
                     }
                 };
-                (kv, offset)
+                (kv, offsets)
             }
             (None, None) => {
                 return Err(crate::Error::Input {
@@ -147,7 +194,8 @@ impl Attention {
                 })
             }
         };
-        let q = self.rope.apply(&q, offset + rows_from)?;
+        let q_offsets: Vec<i32> = offsets.iter().map(|o| o + rows_from).collect();
+        let q = rope_segments(&self.rope, &q, &lens, &q_offsets)?;
         let o = match (&kv, attend) {
             // A one-token step goes through the row kernel when stepwise rows do, so the two agree.
             (Fetched::Batched(k, v), Attend::Batched(AttnMask::None)) if lq == 1 && row_kernel(&q)? => {
@@ -156,11 +204,11 @@ impl Attention {
             (Fetched::Batched(k, v), Attend::Batched(mask)) => {
                 fast::scaled_dot_product_attention(&q, k, v, 1.0, mask.as_fast())?
             }
-            (Fetched::Stepwise(rows), Attend::Stepwise) if row_kernel(&q)? => {
+            (Fetched::Stepwise(rows), Attend::Stepwise(_)) if row_kernel(&q)? => {
                 // Every row over its own keys in one node (mlx-core's row-invariant kernel).
                 mlx_core::blas::row_attention_pieces(&q, rows, 1.0)?
             }
-            (Fetched::Stepwise(rows), Attend::Stepwise) => {
+            (Fetched::Stepwise(rows), Attend::Stepwise(_)) => {
                 // One unmasked single-query call per row, as a decode step makes it.
                 let outs = rows
                     .iter()
@@ -181,7 +229,7 @@ impl Attention {
             }
         };
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, lq, -1])?; // [B, L − rows_from, Hq·D]
-        Ok((self.o_proj.forward(&o)?, SharedKv { kv, offset }))
+        Ok((self.o_proj.forward(&o)?, SharedKv { kv, offsets }))
     }
 }
 

@@ -112,19 +112,19 @@ impl DecoderLayer {
 
     /// x `[B, L, H]` -> (`[B, L − rows_from, H]`, K/V for sharers): every row's K/V is
     /// computed (and cached), the rest of the layer runs for the rows from `rows_from` on
-    /// (`per_layer_input` holds just those rows).
+    /// (`per_layer_input` holds just those rows). `caches`: none, or one per segment.
     pub fn forward(
         &self,
         x: &Array,
         attend: Attend<'_>,
-        cache: Option<&mut LayerCache>,
+        caches: Vec<&mut LayerCache>,
         per_layer_input: Option<&Array>,
         shared: Option<&SharedKv>,
         rows_from: i32,
     ) -> Result<(Array, SharedKv)> {
-        let stepwise = matches!(attend, Attend::Stepwise);
+        let stepwise = matches!(attend, Attend::Stepwise(_));
         let (a, kv) =
-            self.self_attn.forward(&self.norm(x, &self.input_layernorm)?, attend, cache, shared, rows_from)?;
+            self.self_attn.forward(&self.norm(x, &self.input_layernorm)?, attend, caches, shared, rows_from)?;
         let x = if rows_from > 0 { x.slice_axis(1, rows_from, x.dim(1)?)? } else { x.clone() };
         let h = x.add(&self.norm(&a, &self.post_attention_layernorm)?)?;
         let f = match &self.moe {

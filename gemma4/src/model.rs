@@ -137,12 +137,12 @@ impl Model {
 
     /// Post-norm hidden states of every position // ids `[B, L]` -> `[B, L, H]`
     pub fn forward(&self, ids: &Array, cache: Option<&mut Cache>) -> Result<Array> {
-        Ok(self.run(ids, cache, None, false)?.hidden)
+        Ok(self.run(ids, cache, None)?.hidden)
     }
 
     /// Like `forward`, also returning the hidden states at `taps`.
     pub fn forward_tapped(&self, ids: &Array, cache: Option<&mut Cache>, taps: &TapSet) -> Result<ForwardOutput> {
-        self.run_from(ids, cache, Some(taps), false, 0)
+        self.run(ids, cache, Some(taps))
     }
 
     /// [`Self::forward_tapped`] for a caller that needs the hidden states of the rows from
@@ -157,7 +157,7 @@ impl Model {
         taps: &TapSet,
         rows_from: usize,
     ) -> Result<ForwardOutput> {
-        self.run_from(ids, cache, Some(taps), false, rows_from)
+        self.run_from(ids, &mut cache.into_iter().collect::<Vec<_>>(), Some(taps), None, rows_from)
     }
 
     /// Scores several new tokens in one forward with every row bit-identical to decoding them
@@ -167,7 +167,38 @@ impl Model {
     /// speculative decoding reproduce plain greedy decoding bit for bit. Cost over `forward`:
     /// L single-query attention calls per layer instead of one.
     pub fn forward_stepwise(&self, ids: &Array, cache: &mut Cache, taps: Option<&TapSet>) -> Result<ForwardOutput> {
-        self.run(ids, Some(cache), taps, true)
+        let l = ids.dim(-1)?;
+        self.run_from(ids, &mut [cache], taps, Some(&[l]), 0)
+    }
+
+    /// [`Self::forward_stepwise`] over the rows of several sessions at once (a batched
+    /// engine's step): `ids` `[1, ΣL]` holds each session's rows in turn, `lens[s]` of them for
+    /// the session whose cache is `caches[s]`. Projections, norms, MLP and head run once over
+    /// all rows; each row is roped from its own session's position and attends over its own
+    /// session's cache, so every row is bit-identical to its one-token decode step, whatever
+    /// else is in the batch. Returns every row, in the order of `ids` // `[1, ΣL, H]`
+    pub fn forward_sessions(
+        &self,
+        ids: &Array,
+        lens: &[usize],
+        caches: &mut [&mut Cache],
+        taps: Option<&TapSet>,
+    ) -> Result<ForwardOutput> {
+        let bad = |detail: String| Err(Error::Input { op: "forward_sessions", detail });
+        let s = ids.shape()?;
+        let total: usize = lens.iter().sum();
+        if s.len() != 2 || s[0] != 1 || s[1] as usize != total {
+            return bad(format!("token ids must be [1, {total}] (the sessions' rows in turn), got {s:?}"));
+        }
+        if lens.is_empty() || lens.contains(&0) || lens.len() != caches.len() {
+            return bad(format!(
+                "every session needs at least one row and its own cache: {} sessions with rows {lens:?}, {} caches",
+                lens.len(),
+                caches.len()
+            ));
+        }
+        let lens: Vec<i32> = lens.iter().map(|&n| n as i32).collect();
+        self.run_from(ids, caches, taps, Some(&lens), 0)
     }
 
     /// Tied head (or lm_head) plus softcap // `[.., H]` -> `[.., V]`
@@ -229,22 +260,18 @@ impl Model {
         Ok(Some(proj.add(&pli)?.mul_scalar(2f64.powf(-0.5))?))
     }
 
-    fn run(
-        &self,
-        ids: &Array,
-        cache: Option<&mut Cache>,
-        taps: Option<&TapSet>,
-        stepwise: bool,
-    ) -> Result<ForwardOutput> {
-        self.run_from(ids, cache, taps, stepwise, 0)
+    fn run(&self, ids: &Array, cache: Option<&mut Cache>, taps: Option<&TapSet>) -> Result<ForwardOutput> {
+        self.run_from(ids, &mut cache.into_iter().collect::<Vec<_>>(), taps, None, 0)
     }
 
+    /// The forward: batched (`stepwise` None; at most one cache) or stepwise over segments of
+    /// these lengths, one cache each.
     fn run_from(
         &self,
         ids: &Array,
-        mut cache: Option<&mut Cache>,
+        caches: &mut [&mut Cache],
         taps: Option<&TapSet>,
-        stepwise: bool,
+        stepwise: Option<&[i32]>,
         rows_from: usize,
     ) -> Result<ForwardOutput> {
         let s = ids.shape()?;
@@ -252,14 +279,17 @@ impl Model {
             return Err(Error::Input { op: "forward", detail: format!("token ids must be [B, L], got {s:?}") });
         }
         let (b, mut l) = (s[0], s[1]);
-        if stepwise && rows_from > 0 {
+        if stepwise.is_some() && rows_from > 0 {
             return Err(Error::Input { op: "forward", detail: "a stepwise forward runs every row".into() });
+        }
+        if stepwise.is_none() && caches.len() > 1 {
+            return Err(Error::Input { op: "forward", detail: "a batched forward takes at most one cache".into() });
         }
         let cut = rows_from.min(l.max(0) as usize) as i32;
         // The last layer that writes a cache: it computes every row's K/V, and from its queries
         // on only the rows from `cut` run (no later layer writes a cache).
         let last_own = self.cfg.layers.iter().rposition(|x| matches!(x.kv, KvSource::Own { .. }));
-        if let Some(c) = cache.as_deref() {
+        for c in caches.iter() {
             if c.len() != self.cfg.num_caches() {
                 return Err(Error::Input {
                     op: "forward",
@@ -274,13 +304,16 @@ impl Model {
         // cache of the first sliding layer, the full one depends on n alone.
         let n = l as usize;
         let first_sliding = match self.cfg.layers.iter().find(|x| x.kind == LayerKind::Sliding).map(|x| x.kv) {
-            Some(KvSource::Own { cache_index }) => cache.as_deref().and_then(|c| c.layer(cache_index)),
+            Some(KvSource::Own { cache_index }) => caches.first().and_then(|c| c.layer(cache_index)),
             _ => None,
         };
         let mut full_mask = mask::full_mask(n);
         // A stepwise forward masks nothing (each row gets its own keys); skip the host-built mask.
-        let mut sliding_mask =
-            if stepwise { AttnMask::None } else { mask::sliding_mask(n, first_sliding, self.cfg.sliding_window)? };
+        let mut sliding_mask = if stepwise.is_some() {
+            AttnMask::None
+        } else {
+            mask::sliding_mask(n, first_sliding, self.cfg.sliding_window)?
+        };
         let mut ple = ple;
         let mut row0 = 0; // the first row still running
 
@@ -299,9 +332,9 @@ impl Model {
                 sliding_mask = sliding_mask.query_rows(cut, l)?;
             }
             let attend = match (stepwise, spec.kind) {
-                (true, _) => Attend::Stepwise,
-                (false, LayerKind::Full) => Attend::Batched(&full_mask),
-                (false, LayerKind::Sliding) => Attend::Batched(&sliding_mask),
+                (Some(lens), _) => Attend::Stepwise(lens),
+                (None, LayerKind::Full) => Attend::Batched(&full_mask),
+                (None, LayerKind::Sliding) => Attend::Batched(&sliding_mask),
             };
             let pli = match &ple {
                 Some(p) => Some(p.slice_axis(2, i as i32, i as i32 + 1)?.reshape(&[b, l - rows_from, -1])?),
@@ -309,11 +342,8 @@ impl Model {
             };
             let (out, kv) = match spec.kv {
                 KvSource::Own { cache_index } => {
-                    let lc = match cache.as_deref_mut() {
-                        Some(c) => c.layer_mut(cache_index),
-                        None => None,
-                    };
-                    layer.forward(&h, attend, lc, pli.as_ref(), None, rows_from)?
+                    let lcs = caches.iter_mut().filter_map(|c| c.layer_mut(cache_index)).collect();
+                    layer.forward(&h, attend, lcs, pli.as_ref(), None, rows_from)?
                 }
                 KvSource::Shared { donor } => {
                     let Some(shared) = published.get(donor).and_then(Option::as_ref) else {
@@ -323,7 +353,7 @@ impl Model {
                         });
                     };
                     let shared = if row0 > 0 { shared.for_rows_from(row0) } else { shared.clone() };
-                    layer.forward(&h, attend, None, pli.as_ref(), Some(&shared), 0)?
+                    layer.forward(&h, attend, Vec::new(), pli.as_ref(), Some(&shared), 0)?
                 }
             };
             h = out;

@@ -248,3 +248,61 @@ fn tapping_from_a_row_keeps_the_cache_and_the_tail() {
         assert!(worst <= 1e-5, "{}: tail taps differ from the full forward's by {worst:e}", dir.display());
     }
 }
+
+/// Rounds of several sessions in one forward (a batched engine's step): sessions with prompts
+/// on both sides of the sliding window, windows of 1 to 8 rows, some rows kept and the rest
+/// rolled back. Each session's rows must equal, bit for bit, its own stepwise forward (and so
+/// its one-token decode steps), whatever the other sessions hold.
+fn check_sessions_rounds(m: &Model, prompt_lens: &[usize]) {
+    let n = prompt_lens.len();
+    let mut batched: Vec<gemma4::Cache> = Vec::new();
+    for (s, &plen) in prompt_lens.iter().enumerate() {
+        let p: Vec<u32> = prompt(plen).iter().map(|t| 3 + (t + s as u32 * 29) % 500).collect();
+        let mut c = m.new_cache();
+        m.forward(&ids_array(&p).unwrap(), Some(&mut c)).unwrap();
+        batched.push(c);
+    }
+    let mut alone = batched.clone();
+    for r in 0..10usize {
+        // Session s proposes a window of 1..=8 rows this round; keeps 1..=len of them.
+        let windows: Vec<Vec<u32>> = (0..n)
+            .map(|s| {
+                let len = 1 + (r * 5 + s * 3) % 8;
+                (0..len as u32).map(|i| 3 + (r as u32 * 71 + s as u32 * 13 + i * 97) % 500).collect()
+            })
+            .collect();
+        let ids: Vec<u32> = windows.concat();
+        let lens: Vec<usize> = windows.iter().map(Vec::len).collect();
+        let mut refs: Vec<&mut gemma4::Cache> = batched.iter_mut().collect();
+        let out = m.forward_sessions(&ids_array(&ids).unwrap(), &lens, &mut refs, None).unwrap();
+        let logits = m.logits_from_hidden(&out.hidden).unwrap(); // [1, ΣL, V]
+        let mut row = 0;
+        for s in 0..n {
+            let own = m.forward_stepwise(&ids_array(&windows[s]).unwrap(), &mut alone[s], None).unwrap();
+            let want = m.logits_from_hidden(&own.hidden).unwrap();
+            for i in 0..lens[s] {
+                let got = bytes(&logits.slice_axis(1, row as i32, row as i32 + 1).unwrap());
+                let w = bytes(&want.slice_axis(1, i as i32, i as i32 + 1).unwrap());
+                assert!(got == w, "round {r}, session {s}, row {i}: the batched row differs from the session alone");
+                row += 1;
+            }
+            let keep = 1 + (r + s) % lens[s];
+            batched[s].trim(lens[s] - keep).unwrap();
+            alone[s].trim(lens[s] - keep).unwrap();
+            assert_eq!(batched[s].offset(), alone[s].offset());
+        }
+    }
+}
+
+#[test]
+fn session_rows_in_one_forward_are_each_sessions_own() {
+    let lens = [3, 11, 1, 21, 8];
+    check_sessions_rounds(&Model::load(common::tiny_a()).unwrap(), &lens);
+    let (f32m, _) = Model::load_as(common::tiny_a(), ComputeDtype::F32, mlx_core::Device::Cpu).unwrap();
+    check_sessions_rounds(&f32m, &lens);
+    check_sessions_rounds(&Model::load(common::tiny_b_f32()).unwrap(), &[10, 2, 17]);
+    let m = Model::load(common::tiny_a()).unwrap();
+    let mut c = m.new_cache();
+    let bad = m.forward_sessions(&ids_array(&[1, 2, 3]).unwrap(), &[2, 2], &mut [&mut c], None);
+    assert!(bad.unwrap_err().to_string().contains("[1, 4]"));
+}
