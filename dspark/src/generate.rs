@@ -235,6 +235,7 @@ pub fn run(a: Args) -> Result<()> {
         gamma: a.gamma,
         pruning,
         kept_tokens: Vec::new(),
+        seeded: true,
     };
     // The server's decoding path: the same session type, run to the end here.
     let mut drafter = drafter;
@@ -245,7 +246,7 @@ pub fn run(a: Args) -> Result<()> {
     let session = Session::start(&model, drafter.as_deref_mut(), &req, text_out, None)?;
     let mut out = std::io::stdout().lock();
     let mut printed = 0usize;
-    let res = session.run(&model, drafter.as_deref_mut(), |step| {
+    let res = session.run(drafter.as_deref_mut(), |step| {
         let piece = match text_out {
             Some(_) => step.text.clone(),
             None => step

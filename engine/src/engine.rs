@@ -30,10 +30,12 @@ use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use gemma4::{ComputeDtype, Model, TextConfig};
 use spec_decode::{Drafter, Pruning};
 
+use crate::batch::{self, BatchSchedule, Member};
 use crate::error::{Error, Result};
 use crate::prompt_cache::PromptCache;
 use crate::schedule::{choose, Schedule};
 use crate::session::{Outcome, Request, Session, StepOut};
+use spec_decode::schedule::batch::BatchCost;
 
 /// How the engine is set up.
 #[derive(Clone, Debug)]
@@ -340,6 +342,30 @@ struct Loaded {
     model: Model,
     drafters: Vec<Box<dyn Drafter>>,
     plans: Plans,
+    batch_cost: Option<BatchCost>,
+}
+
+/// The cost curve of batched forwards for the batch schedule: the profile's batch curve, or its
+/// per-window verify costs (rows from one session cost about what rows from several do), when
+/// some mode runs the throughput schedule.
+fn batch_cost(cfg: &EngineConfig, model: &Model, plans: &Plans, device: mlx_core::Device) -> Result<Option<BatchCost>> {
+    if plans.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let key = spec_decode::profile::profile_key(device, model);
+    let Some(p) = spec_decode::profile::load(&cfg.model_dir, &key)? else { return Ok(None) };
+    let curve = match &p.batch {
+        Some(points) => BatchCost::new(points.clone()),
+        None => BatchCost::from_table(&p.cost),
+    };
+    match &curve {
+        Some(_) => tracing::info!(
+            "batch schedule: windows chosen across requests, priced by {}",
+            if p.batch.is_some() { "the profile's batch curve" } else { "the profile's verify costs" }
+        ),
+        None => tracing::warn!("the profile for {key} has no usable cost curve; sessions keep their own windows"),
+    }
+    Ok(curve)
 }
 
 fn load(cfg: &EngineConfig) -> Result<Loaded> {
@@ -357,7 +383,8 @@ fn load(cfg: &EngineConfig) -> Result<Loaded> {
         spec_decode::SpecConfig { gamma: cfg.gamma, ..Default::default() }.gamma_for(drafters[0].as_ref())?;
     }
     let plans = plans(cfg, &model, drafters.first().map(|d| d.as_ref()), device)?;
-    Ok(Loaded { model, drafters, plans })
+    let batch_cost = batch_cost(cfg, &model, &plans, device)?;
+    Ok(Loaded { model, drafters, plans, batch_cost })
 }
 
 fn log_done(label: &str, o: &Outcome, wall_ms: f64) {
@@ -381,7 +408,7 @@ fn worker(
     rx: Receiver<Job>,
     ready: mpsc::SyncSender<Result<()>>,
 ) {
-    let Loaded { model, mut drafters, plans } = match guarded(|| load(&cfg)) {
+    let Loaded { model, mut drafters, plans, batch_cost } = match guarded(|| load(&cfg)) {
         Ok(m) => {
             let _ = ready.send(Ok(()));
             m
@@ -396,6 +423,7 @@ fn worker(
     let tok = info.tokenizer.as_ref();
     let mut cache = PromptCache::new(cfg.prompt_cache);
     let mut active: Vec<Active<'_, '_>> = Vec::new();
+    let mut schedule = BatchSchedule::new(batch_cost);
     // Drafter slots not in use (a plain engine has no drafters; its sessions use slot 0).
     let mut free: Vec<usize> = (0..cfg.max_concurrency).rev().collect();
     loop {
@@ -444,11 +472,10 @@ fn worker(
                 }
             }
         }
-        // One round for each active session, in admission order.
+        // Cancelled sessions leave before the step.
         let mut i = 0;
         while i < active.len() {
-            let a = &mut active[i];
-            if a.job.events.is_closed() {
+            if active[i].job.events.is_closed() {
                 let a = active.remove(i);
                 let o = a.session.finish();
                 tracing::info!(request = %a.job.label, "cancelled by the client after {} tokens", o.tokens.len());
@@ -457,35 +484,61 @@ fn worker(
                 free.push(a.slot);
                 continue;
             }
-            let drafter = drafters.get_mut(a.slot).map(|d| d.as_mut());
-            match guarded(|| a.session.step(model, drafter)) {
+            i += 1;
+        }
+        if active.is_empty() {
+            continue;
+        }
+        // One batched step of every active session.
+        let outs = {
+            let mut lent: Vec<Option<&mut Box<dyn Drafter>>> = Vec::new();
+            let mut pool: Vec<Option<&mut Box<dyn Drafter>>> = drafters.iter_mut().map(Some).collect();
+            for a in &active {
+                lent.push(pool.get_mut(a.slot).and_then(Option::take));
+            }
+            let mut members: Vec<Member<'_, '_, '_>> = active
+                .iter_mut()
+                .zip(lent)
+                .map(|(a, d)| Member { session: &mut a.session, drafter: d.map(|d| d.as_mut()) })
+                .collect();
+            let count = members.len();
+            match catch_unwind(AssertUnwindSafe(|| batch::step(model, &mut members, &mut schedule))) {
+                Ok(outs) => outs,
+                Err(p) => {
+                    let msg = panic_message(p);
+                    (0..count).map(|_| Err(Error::Panicked(msg.clone()))).collect()
+                }
+            }
+        };
+        // Deliver, and let finished or failed sessions leave at once.
+        let mut kept = Vec::with_capacity(active.len());
+        for (a, out) in active.drain(..).zip(outs) {
+            match out {
                 Ok(out) => {
                     let done = out.finished.is_some();
                     if !out.tokens.is_empty() || !out.text.is_empty() {
                         a.job.events.send(Event::Step(out));
                     }
                     if done {
-                        let a = active.remove(i);
                         let o = a.session.finish();
                         log_done(&a.job.label, &o, a.t0.elapsed().as_secs_f64() * 1e3);
                         dec(&n.active);
                         inc(&n.completed);
                         a.job.events.send(Event::Done(Box::new(o)));
                         free.push(a.slot);
-                        continue;
+                    } else {
+                        kept.push(a);
                     }
                 }
                 Err(e) => {
-                    let a = active.remove(i);
                     tracing::warn!(request = %a.job.label, "failed: {e}");
                     dec(&n.active);
                     inc(&n.failed);
                     a.job.events.send(Event::Failed(e.to_string()));
                     free.push(a.slot);
-                    continue;
                 }
             }
-            i += 1;
         }
+        active = kept;
     }
 }

@@ -93,6 +93,10 @@ pub enum Error {
     /// A request's decoding panicked; the worker caught it and goes on.
     #[error("internal error while decoding: {0}")]
     Panicked(String),
+
+    /// A batched step failed for every session whose rows it held.
+    #[error("the batched forward failed: {0}")]
+    Batch(String),
 }
 
 /// Result alias.

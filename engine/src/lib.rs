@@ -18,10 +18,12 @@
 
 #[cfg(feature = "clap")]
 pub mod args;
+pub mod batch;
 pub mod chat;
 pub mod default_model;
 pub mod engine;
 mod error;
+mod plain;
 pub mod prompt_cache;
 pub mod schedule;
 pub mod selection;

@@ -1,23 +1,29 @@
-//! One request's decoding, advanced a round at a time: prefill (resumed from the prompt cache
+//! One request's decoding, advanced a step at a time: prefill (resumed from the prompt cache
 //! where that is exact), then speculative rounds ([`spec_decode::SpecRounds`]) or plain decode
-//! steps ([`gemma4::generate::Decoder`]), with the text streamed through [`TextStream`].
+//! steps ([`PlainRounds`]), with the text streamed through [`TextStream`].
 //!
-//! This is the one decoding path of the project's front ends: the server's engine interleaves
-//! sessions, and `dspark generate` runs one to the end, so both produce the same text for the
-//! same prompt and settings by construction.
+//! A step is split where a batch joins it: [`Session::propose`] (drafts, for a speculative
+//! session), [`Session::keep`] (the window the batch schedule chose), one target forward over
+//! every session's window ([`crate::batch`]), and [`Session::conclude`] (verdict, emit, commit).
+//! [`Session::step`] is that sequence for a session alone. This is the one decoding path of the
+//! project's front ends: the server's engine steps its sessions together, and `dspark generate`
+//! steps one to the end, so both produce the same text for the same prompt and settings.
 //!
 //! A session holds only per-request state; the target and the drafter are lent to each call,
-//! so an engine can keep one target for many sessions (and, later, verify several sessions'
-//! windows in one batched forward).
+//! so an engine keeps one target for many sessions.
 
 use std::time::Instant;
 
-use gemma4::generate::{Decoder, GenerateConfig};
+use gemma4::generate::GenerateConfig;
 use gemma4::tokenizer::Tokenizer;
 use gemma4::{Model, TapSet};
-use spec_decode::{prefill_from, Drafter, FinishReason, PrefixState, Pruning, SpecConfig, SpecRounds, SpecStats};
+use mlx_core::Array;
+use spec_decode::{
+    prefill_from, Drafter, FinishReason, PrefixState, Proposed, Pruning, SpecConfig, SpecRounds, SpecStats, Window,
+};
 
 use crate::error::{Error, Result};
+use crate::plain::PlainRounds;
 use crate::prompt_cache::PromptCache;
 use crate::text::TextStream;
 
@@ -38,6 +44,10 @@ pub struct Request {
     /// Special tokens whose text the output keeps (chat markup a parser reads, such as
     /// Gemma-4's tool-call markers); other special tokens are left out of the text.
     pub kept_tokens: Vec<u32>,
+    /// The client chose the seed: a sampled request must then be the same sample whatever else
+    /// is batched with it, so its windows are its own rule's, not the batch schedule's (greedy
+    /// output is the same either way).
+    pub seeded: bool,
 }
 
 /// What one step emitted.
@@ -84,16 +94,56 @@ impl Outcome {
     }
 }
 
-enum Decoding<'m> {
+enum Decoding {
     Spec(Box<SpecRounds>),
-    Plain(Decoder<'m>),
+    Plain(Box<PlainRounds>),
+}
+
+/// A step's first half ([`Session::propose`]).
+pub enum Proposal {
+    /// A speculative round's drafts, before the window is chosen.
+    Spec(Proposed),
+    /// A plain decode step.
+    Plain,
+}
+
+/// A step's rows, ready for the batched forward ([`Session::keep`]).
+pub enum Rows {
+    /// A speculative round's verify window.
+    Spec(Window),
+    /// A plain step's one row // `[1]`
+    Plain(Array),
+}
+
+impl Rows {
+    /// The tokens scored // `[L]` uint32
+    pub fn tokens(&self) -> &Array {
+        match self {
+            Rows::Spec(w) => &w.tokens,
+            Rows::Plain(a) => a,
+        }
+    }
+
+    /// L, the rows this step adds to the batch.
+    pub fn len(&self) -> usize {
+        match self {
+            Rows::Spec(w) => w.drafts + 1,
+            Rows::Plain(_) => 1,
+        }
+    }
+
+    /// Never: a step scores at least its pending token.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
 }
 
 /// One request in flight (see the module docs).
 pub struct Session<'m, 't> {
-    decoding: Decoding<'m>,
+    target: &'m Model,
+    decoding: Decoding,
+    seeded: bool,
     text: Option<TextStream<'t>>,
-    stop_tokens: Vec<u32>,
     tokens: Vec<u32>,
     finish: Option<FinishReason>,
     prompt_tokens: usize,
@@ -145,18 +195,13 @@ impl<'m, 't> Session<'m, 't> {
                 let ctx = pre.take_ctx();
                 Decoding::Spec(Box::new(SpecRounds::start(target, d, &pre, ctx, &cfg)?))
             }
-            None => Decoding::Plain(Decoder::from_prefilled(
-                target,
-                pre.cache().clone(),
-                pre.pending(),
-                pre.prompt_tokens(),
-                gen,
-            )?),
+            None => Decoding::Plain(Box::new(PlainRounds::new(pre.cache().clone(), pre.pending(), gen)?)),
         };
         Ok(Session {
+            target,
             decoding,
+            seeded: req.seeded,
             text: tok.map(|t| TextStream::keeping(t, &req.stop, &req.kept_tokens)),
-            stop_tokens: gen.stop_tokens.clone(),
             tokens: Vec::new(),
             finish: None,
             prompt_tokens: req.prompt.len(),
@@ -171,32 +216,109 @@ impl<'m, 't> Session<'m, 't> {
         self.finish
     }
 
-    /// One speculative round or one plain decode step. `drafter` must be the one the session
-    /// started with (none for a plain session).
-    pub fn step(&mut self, target: &'m Model, drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<StepOut> {
-        if let Some(f) = self.finish {
-            return Ok(StepOut { finished: Some(f), ..StepOut::default() });
+    /// Whether the session decodes speculatively (then every call lends its drafter).
+    pub fn speculative(&self) -> bool {
+        matches!(self.decoding, Decoding::Spec(_))
+    }
+
+    fn check_drafter(&self, drafter: &Option<&mut (dyn Drafter + 'static)>) -> Result<()> {
+        match (&self.decoding, drafter.is_some()) {
+            (Decoding::Spec(_), false) => {
+                Err(Error::Settings { what: "drafter", detail: "a speculative session needs its drafter".into() })
+            }
+            (Decoding::Plain(_), true) => {
+                Err(Error::Settings { what: "drafter", detail: "a plain session takes no drafter".into() })
+            }
+            _ => Ok(()),
         }
+    }
+
+    /// A step's first half: a speculative session drafts (and reads its confidences); a plain
+    /// one has nothing to do. `None` when the session has ended (it reached `max_tokens`:
+    /// [`Self::finished`] says so).
+    pub fn propose(&mut self, drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<Option<Proposal>> {
+        self.check_drafter(&drafter)?;
+        if self.finish.is_some() {
+            return Ok(None);
+        }
+        let p = match (&mut self.decoding, drafter) {
+            (Decoding::Spec(r), Some(d)) => r.propose(self.target, d)?.map(Proposal::Spec),
+            (Decoding::Plain(p), _) if p.at_length() => None,
+            _ => Some(Proposal::Plain),
+        };
+        if p.is_none() {
+            self.finish = Some(FinishReason::Length);
+        }
+        Ok(p)
+    }
+
+    /// Calibrated survivals of the proposed drafts, when a batch schedule may choose this
+    /// session's window: it runs the throughput schedule, and its output is not a seeded sample
+    /// (see [`Request::seeded`]).
+    pub fn offer(&self, p: &Proposal) -> Option<Vec<f32>> {
+        match (&self.decoding, p) {
+            (Decoding::Spec(r), Proposal::Spec(p)) if r.throughput_scheduled() && (r.is_greedy() || !self.seeded) => {
+                r.survivals(p)
+            }
+            _ => None,
+        }
+    }
+
+    /// The window the session's own rule keeps (its cut, or the whole block; 0 for plain).
+    pub fn own_window(&self, p: &Proposal) -> usize {
+        match (&self.decoding, p) {
+            (Decoding::Spec(r), Proposal::Spec(p)) => r.own_window(p),
+            _ => 0,
+        }
+    }
+
+    /// The step's rows, keeping the first `drafts` of the proposal.
+    pub fn keep(&mut self, p: Proposal, drafts: usize) -> Result<Rows> {
+        match (&mut self.decoding, p) {
+            (Decoding::Spec(r), Proposal::Spec(p)) => Ok(Rows::Spec(r.keep(p, drafts)?)),
+            (Decoding::Plain(p), Proposal::Plain) => Ok(Rows::Plain(p.window()?)),
+            _ => Err(Error::Settings { what: "proposal", detail: "the proposal is another kind of session's".into() }),
+        }
+    }
+
+    /// The target cache the step's rows extend.
+    pub fn cache_mut(&mut self) -> &mut gemma4::Cache {
+        match &mut self.decoding {
+            Decoding::Spec(r) => r.cache_mut(),
+            Decoding::Plain(p) => p.cache_mut(),
+        }
+    }
+
+    /// The taps the forward must return for this session's drafter (empty for plain).
+    pub fn taps(&self) -> TapSet {
+        match &self.decoding {
+            Decoding::Spec(r) => r.taps().clone(),
+            Decoding::Plain(_) => TapSet::new([]),
+        }
+    }
+
+    /// A step's last half, given the forward's rows for `rows`: `logits` // `[L, V]`, `taps`
+    /// // `[1, L, m·H]` when the drafter taps. Emits, streams the text, commits.
+    pub fn conclude(
+        &mut self,
+        drafter: Option<&mut (dyn Drafter + 'static)>,
+        rows: Rows,
+        logits: &Array,
+        taps: Option<&Array>,
+    ) -> Result<StepOut> {
+        self.check_drafter(&drafter)?;
         let mut new = Vec::new();
-        let ended = match (&mut self.decoding, drafter) {
-            (Decoding::Spec(r), Some(d)) => r.round(target, d, |t| new.push(t))?,
-            (Decoding::Plain(dec), None) => match dec.next_step()? {
-                None => Some(FinishReason::Length),
-                Some(s) if self.stop_tokens.contains(&s.token) => Some(FinishReason::Stop),
-                Some(s) => {
-                    new.push(s.token);
-                    None
-                }
-            },
-            (Decoding::Spec(_), None) => {
-                return Err(Error::Settings {
-                    what: "drafter",
-                    detail: "a speculative session needs its drafter".into(),
-                })
+        let ended = match (&mut self.decoding, drafter, rows) {
+            (Decoding::Spec(r), Some(d), Rows::Spec(w)) => {
+                self.target.check_first_logits(logits)?;
+                r.conclude(d, w, logits, taps, &mut |t| new.push(t))?
             }
-            (Decoding::Plain(_), Some(_)) => {
-                return Err(Error::Settings { what: "drafter", detail: "a plain session takes no drafter".into() })
+            (Decoding::Plain(p), None, Rows::Plain(_)) => {
+                let (token, ended) = p.conclude(self.target, logits)?;
+                new.extend(token);
+                ended
             }
+            _ => return Err(Error::Settings { what: "rows", detail: "the rows are another kind of session's".into() }),
         };
         let mut out = StepOut::default();
         for t in new {
@@ -223,6 +345,25 @@ impl<'m, 't> Session<'m, 't> {
         Ok(out)
     }
 
+    /// The output of a step that found the session ended ([`Self::propose`] gave `None`).
+    pub fn ended(&mut self) -> StepOut {
+        let mut out = StepOut { finished: self.finish, ..StepOut::default() };
+        if let Some(ts) = &mut self.text {
+            out.text = ts.flush();
+        }
+        out
+    }
+
+    /// One speculative round or one plain decode step, alone (a batch of one: see
+    /// [`crate::batch`]). `drafter` must be the one the session started with (none for a plain
+    /// session).
+    pub fn step(&mut self, drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<StepOut> {
+        let target = self.target;
+        let mut one = [crate::batch::Member { session: self, drafter }];
+        let mut outs = crate::batch::step(target, &mut one, &mut crate::batch::BatchSchedule::default());
+        outs.pop().unwrap_or_else(|| Err(Error::Batch("a batch of one gave no output".into())))
+    }
+
     /// Ends the session (early, if it has not finished: then `finish` is `Length`).
     pub fn finish(self) -> Outcome {
         let decode_ms = self.t_decode.elapsed().as_secs_f64() * 1e3;
@@ -245,12 +386,11 @@ impl<'m, 't> Session<'m, 't> {
     /// Runs the session to its end, handing each step to `on_step`.
     pub fn run(
         mut self,
-        target: &'m Model,
         mut drafter: Option<&mut (dyn Drafter + 'static)>,
         mut on_step: impl FnMut(&StepOut),
     ) -> Result<Outcome> {
         loop {
-            let out = self.step(target, drafter.as_deref_mut())?;
+            let out = self.step(drafter.as_deref_mut())?;
             on_step(&out);
             if out.finished.is_some() {
                 return Ok(self.finish());

@@ -52,6 +52,7 @@ fn request(prompt: &[u32], sampler: &SamplerConfig, seed: u64, max_tokens: usize
         gamma: None,
         pruning: Pruning::Off,
         kept_tokens: vec![],
+        seeded: true,
     }
 }
 
@@ -63,7 +64,7 @@ fn run(
     cache: Option<&mut PromptCache>,
 ) -> Outcome {
     let s = Session::start(m, d.as_deref_mut(), req, tok, cache).unwrap();
-    s.run(m, d, |_| {}).unwrap()
+    s.run(d, |_| {}).unwrap()
 }
 
 #[test]

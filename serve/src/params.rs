@@ -293,6 +293,7 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
         None => Vec::new(),
         Some(map) => checked_logit_bias(&map, info)?,
     };
+    let seeded = f.seed.is_some();
     let seed = f.seed.unwrap_or_else(fresh_seed);
     let stop = match f.stop {
         None => Vec::new(),
@@ -371,7 +372,15 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
         stop_tokens: info.stop_tokens.clone(),
     };
     Ok(Parsed {
-        request: Request { prompt, generate, stop, gamma: info.gamma, pruning: Default::default(), kept_tokens },
+        request: Request {
+            prompt,
+            generate,
+            stop,
+            gamma: info.gamma,
+            pruning: Default::default(),
+            kept_tokens,
+            seeded,
+        },
         reply,
         stream,
         include_usage,

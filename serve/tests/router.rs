@@ -177,9 +177,10 @@ fn reference_text(prompt: &str, chat: bool, body: &Value) -> String {
         gamma: None,
         pruning: spec_decode::Pruning::Off,
         kept_tokens: vec![],
+        seeded: true,
     };
     let s = serve::Session::start(&m, Some(d.as_mut()), &req, Some(&tok), None).unwrap();
-    s.run(&m, Some(d.as_mut()), |_| {}).unwrap().text
+    s.run(Some(d.as_mut()), |_| {}).unwrap().text
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,8 +39,8 @@ pub use schedule::{draft_cap, profile, request_rate, throughput};
 pub use verify::{accept, probs};
 
 pub use decode::{
-    decode_from, prefill, prefill_from, speculative_generate, FinishReason, Prefilled, PrefixState, SpecConfig,
-    SpecOutput, SpecRounds,
+    decode_from, prefill, prefill_from, speculative_generate, FinishReason, Prefilled, PrefixState, Proposed,
+    SpecConfig, SpecOutput, SpecRounds, Window,
 };
 pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 pub use drafters::loader::{detect, load_drafter, load_drafter_as, DrafterKind};

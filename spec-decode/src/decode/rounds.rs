@@ -49,6 +49,33 @@ pub struct SpecRounds {
     finish: Option<FinishReason>,
 }
 
+/// A round's drafts before the window is chosen ([`SpecRounds::propose`]).
+pub struct Proposed {
+    /// The round's anchor, the pending token // `[1]`
+    anchor: Array,
+    proposal: Option<Proposal>,
+    /// The drafts' confidences, read when the request prunes.
+    conf: Option<Vec<f32>>,
+    offered: usize,
+}
+
+impl Proposed {
+    /// Drafts proposed.
+    pub fn offered(&self) -> usize {
+        self.offered
+    }
+}
+
+/// A round's verify window ([`SpecRounds::keep`]): the anchor and the kept drafts.
+pub struct Window {
+    /// [pending, drafts…] // `[d+1]` uint32
+    pub tokens: Array,
+    proposal: Option<Proposal>,
+    /// d, the drafts in the window.
+    pub drafts: usize,
+    round_conf: Vec<f32>,
+}
+
 /// What a round's verify forward gives the later steps.
 struct Verified {
     /// The target's scores of the window // `[d+1, V]`
@@ -170,30 +197,124 @@ impl SpecRounds {
         drafter: &mut dyn Drafter,
         on_token: &mut dyn FnMut(u32),
     ) -> Result<Option<FinishReason>> {
+        let Some(proposed) = self.propose(target, drafter)? else { return Ok(self.finish) };
+        let keep = self.own_window(&proposed);
+        let window = self.keep(proposed, keep)?;
+        let verified = self.verify(target, &window)?;
+        self.conclude(drafter, window, &verified.logits, verified.taps.as_ref(), on_token)
+    }
+
+    /// A round's first steps: draft, and read the drafts' confidences when the request prunes
+    /// (one host read). `None` when the request has reached `max_tokens` (it has then ended).
+    /// The round goes on with [`Self::keep`], a verify forward over [`Window::tokens`] on
+    /// [`Self::cache_mut`] (alone, or batched with other requests' windows), and
+    /// [`Self::conclude`].
+    pub fn propose(&mut self, target: &Model, drafter: &mut dyn Drafter) -> Result<Option<Proposed>> {
+        if self.finish.is_some() {
+            return Ok(None);
+        }
         if self.tokens.len() >= self.cfg.generate.max_tokens {
-            return Ok(Some(FinishReason::Length));
+            self.finish = Some(FinishReason::Length);
+            return Ok(None);
         }
         self.check_aligned(drafter)?;
         let max_drafts = self.max_drafts();
         let anchor = Array::from_slice(&[self.pending], &[1])?;
-        let (proposal, round_conf) = match max_drafts {
-            0 => (None, Vec::new()),
-            n => {
-                let p = self.draft(target, drafter, &anchor, n)?;
-                self.prune(p)?
-            }
+        let proposal = match max_drafts {
+            0 => None,
+            n => Some(self.draft(target, drafter, &anchor, n)?),
         };
-        let d = match &proposal {
+        let conf = match (&self.cut, proposal.as_ref().and_then(|p| p.confidence.as_ref())) {
+            (Some(_), Some(c)) => {
+                self.stats.host_syncs += 1;
+                Some(c.to_f32_vec()?)
+            }
+            _ => None,
+        };
+        let offered = match &proposal {
             Some(p) => p.len()?,
             None => 0,
         };
-        let verified = self.verify(target, &anchor, proposal.as_ref(), d)?;
-        let verdict = self.verdict(&verified.logits, proposal.as_ref())?;
-        self.record(proposal.is_some(), d, &verdict, &round_conf);
+        Ok(Some(Proposed { anchor, proposal, conf, offered }))
+    }
+
+    /// The calibrated survival of each proposed draft (the chance it and every draft before it
+    /// are accepted), where the request runs the throughput schedule: what a batch schedule
+    /// weighs across requests. `None` without a plan or confidences.
+    pub fn survivals(&self, p: &Proposed) -> Option<Vec<f32>> {
+        match (&self.cut, &p.conf) {
+            (Some(Cut::Throughput(plan)), Some(c)) => Some(plan.sts.survivals_of_confidences(c)),
+            _ => None,
+        }
+    }
+
+    /// Whether the request runs the throughput schedule, so a batch schedule may choose its
+    /// window from [`Self::survivals`] instead of [`Self::own_window`].
+    pub fn throughput_scheduled(&self) -> bool {
+        matches!(&self.cut, Some(Cut::Throughput(_)))
+    }
+
+    /// Whether the request decodes greedily (its output then does not depend on its windows).
+    pub fn is_greedy(&self) -> bool {
+        self.greedy
+    }
+
+    /// The window the request's own rule keeps of `p` (its cut, or the whole block).
+    pub fn own_window(&self, p: &Proposed) -> usize {
+        match (&self.cut, &p.conf) {
+            (Some(cut), Some(c)) => cut.kept(c, self.rate.rate()).min(p.offered),
+            _ => p.offered,
+        }
+    }
+
+    /// The verify window keeping the first `keep` of `p`'s drafts (at most those offered).
+    pub fn keep(&mut self, p: Proposed, keep: usize) -> Result<Window> {
+        let keep = keep.min(p.offered);
+        if let (Some(cap), Some(_)) = (&mut self.draft_cap, &p.conf) {
+            cap.record(p.offered, keep);
+        }
+        let round_conf = p.conf.map(|c| c[..keep].to_vec()).unwrap_or_default();
+        let proposal = match p.proposal {
+            Some(prop) if keep > 0 && keep < p.offered => Some(prop.truncate(keep)?),
+            Some(prop) if keep > 0 => Some(prop),
+            _ => None,
+        };
+        let tokens = match &proposal {
+            Some(prop) => concatenate(&[&p.anchor, &prop.tokens], 0)?,
+            None => p.anchor,
+        };
+        Ok(Window { tokens, proposal, drafts: keep, round_conf })
+    }
+
+    /// The target cache a window's verify forward extends.
+    pub fn cache_mut(&mut self) -> &mut Cache {
+        &mut self.cache
+    }
+
+    /// The layers the verify forward taps for the drafter.
+    pub fn taps(&self) -> &TapSet {
+        &self.taps
+    }
+
+    /// A round's last steps, given the verify forward's rows of `window` (scored on
+    /// [`Self::cache_mut`]): the verdict (one host read), statistics, emit, commit and roll back.
+    /// `logits` // `[d+1, V]`; `taps` // `[1, d+1, m·H]` when the drafter taps.
+    pub fn conclude(
+        &mut self,
+        drafter: &mut dyn Drafter,
+        window: Window,
+        logits: &Array,
+        taps: Option<&Array>,
+        on_token: &mut dyn FnMut(u32),
+    ) -> Result<Option<FinishReason>> {
+        let d = window.drafts;
+        let verdict = self.verdict(logits, window.proposal.as_ref())?;
+        self.record(window.proposal.is_some(), d, &verdict, &window.round_conf);
         if let Some(f) = self.emit(&verdict, on_token) {
+            self.finish = Some(f);
             return Ok(Some(f));
         }
-        self.commit(drafter, verified.taps.as_ref(), d, &verdict)?;
+        self.commit(drafter, taps, d, &verdict)?;
         Ok(None)
     }
 
@@ -257,38 +378,12 @@ impl SpecRounds {
         Ok(p)
     }
 
-    /// Prune: under a cut rule the confidences are read (one host read) and the block is
-    /// truncated; returns the drafts to verify (none: the schedule found that no draft pays,
-    /// a plain step) and the confidences read of the kept ones.
-    fn prune(&mut self, mut p: Proposal) -> Result<(Option<Proposal>, Vec<f32>)> {
-        let offered = p.len()?;
-        let mut keep = offered;
-        let mut round_conf = Vec::new();
-        if let (Some(cut), Some(conf)) = (&self.cut, &p.confidence) {
-            let c = conf.to_f32_vec()?;
-            self.stats.host_syncs += 1;
-            keep = cut.kept(&c, self.rate.rate()).min(keep);
-            if let Some(cap) = &mut self.draft_cap {
-                cap.record(offered, keep);
-            }
-            if keep > 0 && keep < p.len()? {
-                p = p.truncate(keep)?;
-            }
-            round_conf = c[..keep].to_vec();
-        }
-        Ok(((keep > 0).then_some(p), round_conf))
-    }
-
     /// Verify: one tapped forward over [pending, drafts], stepwise, so every row is scored
     /// exactly as plain decoding would score that token.
-    fn verify(&mut self, target: &Model, anchor: &Array, proposal: Option<&Proposal>, d: usize) -> Result<Verified> {
-        let window = match proposal {
-            Some(p) => concatenate(&[anchor, &p.tokens], 0)?,
-            None => anchor.clone(),
-        }
-        .reshape(&[1, d as i32 + 1])?;
+    fn verify(&mut self, target: &Model, window: &Window) -> Result<Verified> {
+        let ids = window.tokens.reshape(&[1, window.drafts as i32 + 1])?;
         let taps = &self.taps;
-        let out = target.forward_stepwise(&window, &mut self.cache, (!taps.is_empty()).then_some(taps))?;
+        let out = target.forward_stepwise(&ids, &mut self.cache, (!taps.is_empty()).then_some(taps))?;
         let logits = target.logits_from_hidden(&out.hidden)?.squeeze(0)?; // [d+1, V]
         target.check_first_logits(&logits)?;
         Ok(Verified { logits, taps: out.taps })

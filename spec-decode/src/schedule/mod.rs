@@ -3,6 +3,7 @@
 //! rate (`request_rate`), priced by the target's measured verify costs (`profile`). Every rule
 //! only truncates a block at a stopping time, so speculative sampling stays exact.
 
+pub mod batch;
 pub mod draft_cap;
 pub mod profile;
 mod pruning;

@@ -69,6 +69,12 @@ pub struct VerifyProfile {
     /// `draft_by_len` under sampled drafting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_by_len_sampled: Option<Vec<f32>>,
+    /// The batch curve: (rows, cost in decode steps) of a stepwise forward and its head over
+    /// that many rows, up to a batched engine's largest forward; what the batch schedule prices
+    /// rows with (rows from one session cost what rows from several do: each attends over its
+    /// own cache of `context` tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<Vec<(usize, f32)>>,
 }
 
 /// A tap set as the profile records it: layer indices, the final norm as the layer count.
@@ -195,6 +201,10 @@ pub fn measure(
     let (mut draft, mut draft_sampled) = (vec![Vec::new(); gamma], vec![Vec::new(); gamma]);
     let mut verify: Vec<Vec<f64>> = vec![Vec::new(); max_n];
     let mut verify_sampled: Vec<Vec<f64>> = vec![Vec::new(); max_n];
+    // The batch curve's row counts, up to a batched engine's largest forward.
+    let batch_rows: Vec<usize> =
+        BATCH_ROWS.iter().copied().filter(|&n| context.saturating_add(n) <= positions).collect();
+    let mut batch: Vec<Vec<f64>> = vec![Vec::new(); batch_rows.len()];
     for rep in 0..=repeats {
         let t = Instant::now();
         let h = model.forward(&ids(1, rep)?, Some(&mut cache.clone()))?;
@@ -264,6 +274,18 @@ pub fn measure(
                 }
             }
         }
+        for (k, &n) in batch_rows.iter().enumerate() {
+            let t = Instant::now();
+            let out = model.forward_stepwise(&ids(n, rep)?, &mut cache.clone(), tapped)?;
+            let logits = model.logits_from_hidden(&out.hidden)?;
+            match &out.taps {
+                Some(rows) => mlx_core::eval(&[&logits, rows])?,
+                None => logits.eval()?,
+            }
+            if rep > 0 {
+                batch[k].push(t.elapsed().as_secs_f64());
+            }
+        }
         if rep > 0 {
             decode.push(one);
         }
@@ -284,8 +306,13 @@ pub fn measure(
         draft_sampled: draft_by_len_sampled.as_ref().and_then(|d| d.last().copied()),
         draft_by_len,
         draft_by_len_sampled,
+        batch: Some(batch_rows.into_iter().zip(batch).map(|(n, t)| (n, (median(t) / one) as f32)).collect()),
     })
 }
+
+/// Row counts the batch curve is measured at (a batched engine's forwards hold at most 64 rows,
+/// the row kernels' bound); the schedule interpolates between them.
+pub const BATCH_ROWS: [usize; 10] = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64];
 
 fn read_file(path: &Path) -> Result<Option<ProfileFile>> {
     let text = match mlx_core::files::read_text(path, mlx_core::files::JSON_LIMIT) {
@@ -366,6 +393,7 @@ mod tests {
             draft_sampled: None,
             draft_by_len: None,
             draft_by_len_sampled: None,
+            batch: None,
         }
     }
 

@@ -1,0 +1,64 @@
+//! One plain (non-speculative) request between batched steps: its cache, its sampler and the
+//! pending token, which the next step scores as the request's one row of the batch. It decodes
+//! what `gemma4::generate::Decoder` decodes: the same row bits (a stepwise row is a one-token
+//! decode step), the same logit bias, sampler and key chain, the same stop and length rules.
+
+use gemma4::generate::FinishReason;
+use gemma4::sampling::{biased_logprobs, Sampler};
+use gemma4::{Cache, Model};
+use mlx_core::{Array, Dtype};
+
+use crate::error::Result;
+
+/// A plain request's state (see the module docs).
+pub struct PlainRounds {
+    cache: Cache,
+    sampler: Sampler,
+    pending: u32,
+    emitted: usize,
+    max_tokens: usize,
+    stop_tokens: Vec<u32>,
+}
+
+impl PlainRounds {
+    /// A request whose prompt but its last token (`pending`) is in `cache`.
+    pub fn new(cache: Cache, pending: u32, cfg: &gemma4::generate::GenerateConfig) -> Result<PlainRounds> {
+        Ok(PlainRounds {
+            cache,
+            sampler: Sampler::new(cfg.sampler.clone(), cfg.seed)?,
+            pending,
+            emitted: 0,
+            max_tokens: cfg.max_tokens,
+            stop_tokens: cfg.stop_tokens.clone(),
+        })
+    }
+
+    /// Whether the request has produced `max_tokens` tokens.
+    pub fn at_length(&self) -> bool {
+        self.emitted >= self.max_tokens
+    }
+
+    /// The row this step scores: the pending token // `[1]`
+    pub fn window(&self) -> Result<Array> {
+        Ok(Array::from_slice(&[self.pending], &[1])?)
+    }
+
+    /// The target cache the step extends.
+    pub fn cache_mut(&mut self) -> &mut Cache {
+        &mut self.cache
+    }
+
+    /// Draws the next token from the step's logits `[1, V]` (one host read); returns it, or why
+    /// the request ended (a stop token is not emitted).
+    pub fn conclude(&mut self, target: &Model, logits: &Array) -> Result<(Option<u32>, Option<FinishReason>)> {
+        target.check_first_logits(logits)?;
+        let lp = biased_logprobs(logits, self.sampler.config())?;
+        let token = self.sampler.sample(&lp)?.astype(Dtype::U32)?.item::<u32>()?;
+        if self.stop_tokens.contains(&token) {
+            return Ok((None, Some(FinishReason::Stop)));
+        }
+        self.emitted += 1;
+        self.pending = token;
+        Ok((Some(token), self.at_length().then_some(FinishReason::Length)))
+    }
+}
