@@ -22,7 +22,8 @@ use spec_decode::schedule::batch::{batch_windows, BatchCost, Offer};
 use spec_decode::Drafter;
 
 use crate::error::{Error, Result};
-use crate::session::{Proposal, Rows, Session, StepOut};
+use crate::session::{Prepared, Proposal, Rows, Session, StepOut};
+use spec_decode::Drafting;
 
 /// Rows of one forward at most: the row kernels' bound ([`mlx_core::blas::ROW_LINEAR_MAX_ROWS`]),
 /// up to which a row's bits do not depend on the batch.
@@ -77,18 +78,48 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
     let n = members.len();
     let mut outs: Vec<Option<Result<StepOut>>> = (0..n).map(|_| None).collect();
 
-    // 1. Drafts.
-    let mut proposals: Vec<Option<Proposal>> = Vec::with_capacity(n);
+    // 1. Drafts: DSpark drafters propose for many sessions in one forward.
+    let mut proposals: Vec<Option<Proposal>> = (0..n).map(|_| None).collect();
+    let mut drafting: Vec<Option<Drafting>> = (0..n).map(|_| None).collect();
     for (i, m) in members.iter_mut().enumerate() {
-        match m.session.propose(m.drafter.as_deref_mut()) {
-            Ok(Some(p)) => proposals.push(Some(p)),
-            Ok(None) => {
-                outs[i] = Some(Ok(m.session.ended()));
-                proposals.push(None);
+        match m.session.prepare(m.drafter.as_deref()) {
+            Ok(Prepared::Ended) => outs[i] = Some(Ok(m.session.ended())),
+            Ok(Prepared::Plain) => proposals[i] = Some(Proposal::Plain),
+            Ok(Prepared::Draft(d)) if d.max_drafts == 0 => {
+                proposals[i] = Some(m.session.proposed(d, None, "")).transpose().unwrap_or_else(|e| {
+                    outs[i] = Some(Err(e));
+                    None
+                })
             }
-            Err(e) => {
+            Ok(Prepared::Draft(d)) => drafting[i] = Some(d),
+            Err(e) => outs[i] = Some(Err(e)),
+        }
+    }
+    let tt0 = std::time::Instant::now();
+    draft_all(members, &mut drafting, &mut proposals, &mut outs);
+    let tt1 = std::time::Instant::now();
+
+    // Every session's drafts evaluated in one pass, then read.
+    let pending: Vec<&Array> = proposals.iter().flatten().flat_map(Proposal::pending).collect();
+    if !pending.is_empty() {
+        if let Err(e) = mlx_core::eval(&pending) {
+            let msg = e.to_string();
+            for (i, p) in proposals.iter_mut().enumerate() {
+                if p.take().is_some() {
+                    outs[i] = Some(Err(Error::Batch(msg.clone())));
+                }
+            }
+        }
+    }
+    let tt2 = std::time::Instant::now();
+    if std::env::var("DSPARK_TIMING").is_ok() {
+        eprintln!("draft build {:.2} eval {:.2}", (tt1 - tt0).as_secs_f64() * 1e3, (tt2 - tt1).as_secs_f64() * 1e3);
+    }
+    for (i, p) in proposals.iter_mut().enumerate() {
+        if let Some(prop) = p {
+            if let Err(e) = members[i].session.read(prop) {
                 outs[i] = Some(Err(e));
-                proposals.push(None);
+                *p = None;
             }
         }
     }
@@ -151,6 +182,85 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
     outs.into_iter().map(|o| o.unwrap_or_else(|| Err(Error::Batch("a session got no step".into())))).collect()
 }
 
+/// The drafts of every session in `drafting`: DSpark drafters in batched forwards of at most
+/// [`MAX_ROWS`] block rows (their products stay on the row-invariant kernels, so a session's
+/// drafts are the ones it would get alone), other drafters one session at a time.
+fn draft_all(
+    members: &mut [Member<'_, '_, '_>],
+    drafting: &mut [Option<Drafting>],
+    proposals: &mut [Option<Proposal>],
+    outs: &mut [Option<Result<StepOut>>],
+) {
+    let mut batched: Vec<usize> = Vec::new();
+    let mut per_group = MAX_ROWS;
+    for (i, m) in members.iter_mut().enumerate() {
+        let Some(d) = drafting[i].as_ref() else { continue };
+        match m.drafter.as_deref_mut() {
+            Some(dr) => match dr.as_dspark() {
+                Some(ds) => {
+                    per_group = per_group.min((MAX_ROWS / ds.gamma().max(1)).max(1));
+                    batched.push(i);
+                }
+                None => {
+                    let name = dr.name();
+                    let d = drafting[i].take();
+                    let r = (|| -> Result<Proposal> {
+                        let d = d.ok_or_else(|| Error::Batch("no drafting state".into()))?;
+                        let p = match m.session.draft_request(&d) {
+                            Some(req) => Some(dr.propose(req)?),
+                            None => None,
+                        };
+                        m.session.proposed(d, p, &name)
+                    })();
+                    match r {
+                        Ok(p) => proposals[i] = Some(p),
+                        Err(e) => outs[i] = Some(Err(e)),
+                    }
+                }
+            },
+            None => {
+                let _ = d;
+                outs[i] = Some(Err(Error::Batch("a drafting session has no drafter".into())));
+                drafting[i] = None;
+            }
+        }
+    }
+    for group in batched.chunks(per_group) {
+        let result = (|| -> Result<Vec<spec_decode::Proposal>> {
+            let mut drafters = Vec::with_capacity(group.len());
+            let mut reqs = Vec::with_capacity(group.len());
+            for (i, m) in members.iter_mut().enumerate().filter(|(i, _)| group.contains(i)) {
+                let Member { session, drafter } = m;
+                let d = drafting[i].as_ref().ok_or_else(|| Error::Batch("no drafting state".into()))?;
+                let req = session.draft_request(d).ok_or_else(|| Error::Batch("a plain session drafting".into()))?;
+                let ds = drafter.as_deref_mut().and_then(|d| d.as_dspark());
+                drafters.push(ds.ok_or_else(|| Error::Batch("the drafter is not a DSpark drafter".into()))?);
+                reqs.push(req);
+            }
+            Ok(spec_decode::dspark::propose_batch(&mut drafters, reqs)?)
+        })();
+        match result {
+            Ok(ps) => {
+                for (&i, p) in group.iter().zip(ps) {
+                    let Some(d) = drafting[i].take() else { continue };
+                    let name = members[i].drafter.as_deref().map(|d| d.name()).unwrap_or_default();
+                    match members[i].session.proposed(d, Some(p), &name) {
+                        Ok(p) => proposals[i] = Some(p),
+                        Err(e) => outs[i] = Some(Err(e)),
+                    }
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                for &i in group {
+                    drafting[i] = None;
+                    outs[i] = Some(Err(Error::Batch(msg.clone())));
+                }
+            }
+        }
+    }
+}
+
 /// The batch cost seen by the scheduled sessions when `fixed` rows are already taken.
 struct ShiftedCost<'c> {
     cost: &'c BatchCost,
@@ -199,7 +309,12 @@ fn run_group(
         let logits = target.logits_from_hidden(&out.hidden)?.squeeze(0)?; // [ΣL, V]
         Ok((logits, out.taps))
     };
-    let (logits, taps) = match forward() {
+    let t0 = std::time::Instant::now();
+    let fwd = forward();
+    let t1 = std::time::Instant::now();
+    if let Ok((l, _)) = &fwd { let _ = l.eval(); }
+    let t2 = std::time::Instant::now();
+    let (logits, taps) = match fwd {
         Ok(x) => x,
         Err(e) => {
             let msg = e.to_string();
@@ -225,6 +340,9 @@ fn run_group(
         }
         outs[i] = Some(out);
         start += len;
+    }
+    if std::env::var("DSPARK_TIMING").is_ok() {
+        eprintln!("build {:.2} eval {:.2} conclude {:.2}", (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3, t2.elapsed().as_secs_f64() * 1e3);
     }
     emitted
 }

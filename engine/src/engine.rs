@@ -1,8 +1,10 @@
 //! The engine: one worker thread owns the target (MLX arrays are not `Sync`, so they stay on
-//! the thread that made them) and a pool of drafters, one per concurrent session. Requests
-//! arrive through a channel and are admitted in arrival order while fewer than
-//! `max_concurrency` sessions are active; the active sessions then advance one round each in
-//! turn. Each session's output goes back through its own [`Events`] channel (the server's is
+//! the thread that made them) and a pool of drafters, one per concurrent session (forks sharing
+//! one drafter's weights). Requests arrive through a channel and are admitted in arrival order
+//! while fewer than `max_concurrency` sessions are active; every iteration then steps all
+//! active sessions together ([`crate::batch`]: their drafts, one target forward over all their
+//! rows, each session's verdict), so new requests join and finished ones leave between
+//! iterations. Each session's output goes back through its own [`Events`] channel (the server's is
 //! an async one; this crate names none, so the CLI links no async runtime); a session whose
 //! receiver is gone (the client disconnected) is dropped before its next round.
 //!
@@ -12,10 +14,6 @@
 //! The worker logs each request's end through `tracing` (the server's binary prints it), with
 //! the request's label in the `request` field.
 //!
-//! Batching next: the per-round loop below already holds every active session's state
-//! ([`Session`]: caches, drafter context, sampler keys, stats) apart from the models, so
-//! verifying several sessions' windows in one batched target forward (Algorithm 1 across
-//! requests) replaces the inner `step` calls with one batched step, without a new structure.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -374,11 +372,20 @@ fn load(cfg: &EngineConfig) -> Result<Loaded> {
     let (model, resolved) = Model::load_as(&cfg.model_dir, cfg.dtype, device).map_err(load_err)?;
     let mut drafters = Vec::new();
     if let Some(dir) = &cfg.drafter_dir {
-        for _ in 0..cfg.max_concurrency {
-            let d = spec_decode::load_drafter_as(dir, model.config(), resolved.conversion.dequantize)
-                .map_err(|e| Error::Load { path: dir.clone(), detail: e.to_string() })?;
-            drafters.push(d);
+        // One loaded drafter; the other sessions' are forks sharing its weights (each with
+        // its own context), which is also what lets their drafts run as one batched forward.
+        let load = || {
+            spec_decode::load_drafter_as(dir, model.config(), resolved.conversion.dequantize)
+                .map_err(|e| Error::Load { path: dir.clone(), detail: e.to_string() })
+        };
+        let first = load()?;
+        for _ in 1..cfg.max_concurrency {
+            drafters.push(match first.fork() {
+                Some(d) => d,
+                None => load()?,
+            });
         }
+        drafters.insert(0, first);
         // Refuse a bad gamma now rather than on every request.
         spec_decode::SpecConfig { gamma: cfg.gamma, ..Default::default() }.gamma_for(drafters[0].as_ref())?;
     }

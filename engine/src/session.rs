@@ -19,7 +19,7 @@ use gemma4::tokenizer::Tokenizer;
 use gemma4::{Model, TapSet};
 use mlx_core::Array;
 use spec_decode::{
-    prefill_from, Drafter, FinishReason, PrefixState, Proposed, Pruning, SpecConfig, SpecRounds, SpecStats, Window,
+    prefill_from, DraftRequest, Drafter, Drafting, FinishReason, PrefixState, Proposed, Pruning, SpecConfig, SpecRounds, SpecStats, Window,
 };
 
 use crate::error::{Error, Result};
@@ -99,12 +99,36 @@ enum Decoding {
     Plain(Box<PlainRounds>),
 }
 
+/// What a step does ([`Session::prepare`]).
+pub enum Prepared {
+    /// Nothing: the session has ended.
+    Ended,
+    /// A plain decode step.
+    Plain,
+    /// A speculative round, which drafts first.
+    Draft(Drafting),
+}
+
+fn missing_drafter() -> Error {
+    Error::Settings { what: "drafter", detail: "a speculative session needs its drafter".into() }
+}
+
 /// A step's first half ([`Session::propose`]).
 pub enum Proposal {
     /// A speculative round's drafts, before the window is chosen.
     Spec(Proposed),
     /// A plain decode step.
     Plain,
+}
+
+impl Proposal {
+    /// The drafts' arrays not yet evaluated (see [`Proposed::pending`]).
+    pub fn pending(&self) -> Vec<&Array> {
+        match self {
+            Proposal::Spec(p) => p.pending(),
+            Proposal::Plain => Vec::new(),
+        }
+    }
 }
 
 /// A step's rows, ready for the batched forward ([`Session::keep`]).
@@ -221,35 +245,71 @@ impl<'m, 't> Session<'m, 't> {
         matches!(self.decoding, Decoding::Spec(_))
     }
 
-    fn check_drafter(&self, drafter: &Option<&mut (dyn Drafter + 'static)>) -> Result<()> {
-        match (&self.decoding, drafter.is_some()) {
-            (Decoding::Spec(_), false) => {
-                Err(Error::Settings { what: "drafter", detail: "a speculative session needs its drafter".into() })
-            }
-            (Decoding::Plain(_), true) => {
-                Err(Error::Settings { what: "drafter", detail: "a plain session takes no drafter".into() })
-            }
-            _ => Ok(()),
-        }
+    /// A step's first half: a speculative session drafts (a graph, evaluated with the other
+    /// sessions' by [`Self::read`]); a plain one has nothing to do. `None` when the session has
+    /// ended (it reached `max_tokens`: [`Self::finished`] says so). A batch drafts for several
+    /// sessions at once with [`Self::prepare`], [`Self::draft_request`] and [`Self::proposed`].
+    pub fn propose(&mut self, mut drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<Option<Proposal>> {
+        let d = match self.prepare(drafter.as_deref())? {
+            Prepared::Ended => return Ok(None),
+            Prepared::Plain => return Ok(Some(Proposal::Plain)),
+            Prepared::Draft(d) => d,
+        };
+        let (p, name) = match (d.max_drafts, drafter.as_deref_mut(), self.draft_request(&d)) {
+            (0, _, _) | (_, _, None) => (None, String::new()),
+            (_, Some(dr), Some(req)) => (Some(dr.propose(req)?), dr.name()),
+            (_, None, Some(_)) => return Err(missing_drafter()),
+        };
+        self.proposed(d, p, &name).map(Some)
     }
 
-    /// A step's first half: a speculative session drafts (and reads its confidences); a plain
-    /// one has nothing to do. `None` when the session has ended (it reached `max_tokens`:
-    /// [`Self::finished`] says so).
-    pub fn propose(&mut self, drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<Option<Proposal>> {
-        self.check_drafter(&drafter)?;
-        if self.finish.is_some() {
-            return Ok(None);
-        }
+    /// Before a step's drafts: whether the session has ended, takes a plain step, or drafts
+    /// (with how many drafts it may propose).
+    pub fn prepare(&mut self, drafter: Option<&(dyn Drafter + 'static)>) -> Result<Prepared> {
         let p = match (&mut self.decoding, drafter) {
-            (Decoding::Spec(r), Some(d)) => r.propose(self.target, d)?.map(Proposal::Spec),
-            (Decoding::Plain(p), _) if p.at_length() => None,
-            _ => Some(Proposal::Plain),
+            _ if self.finish.is_some() => Prepared::Ended,
+            (Decoding::Spec(r), Some(d)) => match r.prepare(d)? {
+                Some(d) => Prepared::Draft(d),
+                None => Prepared::Ended,
+            },
+            (Decoding::Spec(_), None) => return Err(missing_drafter()),
+            (Decoding::Plain(_), Some(_)) => {
+                return Err(Error::Settings { what: "drafter", detail: "a plain session takes no drafter".into() })
+            }
+            (Decoding::Plain(p), None) if p.at_length() => Prepared::Ended,
+            (Decoding::Plain(_), None) => Prepared::Plain,
         };
-        if p.is_none() {
+        if matches!(p, Prepared::Ended) && self.finish.is_none() {
             self.finish = Some(FinishReason::Length);
         }
         Ok(p)
+    }
+
+    /// What this session asks of its drafter (speculative sessions only).
+    pub fn draft_request<'a>(&'a mut self, d: &'a Drafting) -> Option<DraftRequest<'a>> {
+        let target = self.target;
+        match &mut self.decoding {
+            Decoding::Spec(r) => Some(r.draft_request(target, d)),
+            Decoding::Plain(_) => None,
+        }
+    }
+
+    /// The step's proposal from the drafts `p` (none: a plain step) its drafter (`drafter`,
+    /// named in errors) returned for `d`.
+    pub fn proposed(&mut self, d: Drafting, p: Option<spec_decode::Proposal>, drafter: &str) -> Result<Proposal> {
+        match &mut self.decoding {
+            Decoding::Spec(r) => Ok(Proposal::Spec(r.proposed(d, p, drafter)?)),
+            Decoding::Plain(_) => Ok(Proposal::Plain),
+        }
+    }
+
+    /// Reads what the proposal's window depends on (the drafts' confidences, when the session
+    /// prunes); evaluate [`Proposal::pending`] of every session first to do it in one pass.
+    pub fn read(&mut self, p: &mut Proposal) -> Result<()> {
+        match (&mut self.decoding, p) {
+            (Decoding::Spec(r), Proposal::Spec(p)) => Ok(r.read_confidences(p)?),
+            _ => Ok(()),
+        }
     }
 
     /// Calibrated survivals of the proposed drafts, when a batch schedule may choose this
@@ -306,7 +366,6 @@ impl<'m, 't> Session<'m, 't> {
         logits: &Array,
         taps: Option<&Array>,
     ) -> Result<StepOut> {
-        self.check_drafter(&drafter)?;
         let mut new = Vec::new();
         let ended = match (&mut self.decoding, drafter, rows) {
             (Decoding::Spec(r), Some(d), Rows::Spec(w)) => {

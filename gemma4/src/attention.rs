@@ -52,22 +52,18 @@ impl SharedKv {
     }
 }
 
-/// Applies `rope` to each segment of x `[B, H, ΣL, D]` from its own offset.
+/// Applies `rope` to each segment of x `[1, H, ΣL, D]` from its own offset: one rotation with
+/// a position per row (each row a batch entry of its own), so the cost does not grow with the
+/// number of segments. A row gets the bits a one-segment rotation gives it (the positions are
+/// the same integers; `gemma4`'s session tests check it).
 fn rope_segments(rope: &Rope, x: &Array, lens: &[i32], offsets: &[i32]) -> Result<Array> {
     if lens.len() <= 1 {
         return rope.apply(x, offsets.first().copied().unwrap_or(0));
     }
-    let mut start = 0;
-    let parts = lens
-        .iter()
-        .zip(offsets)
-        .map(|(&l, &o)| {
-            let part = rope.apply(&x.slice_axis(2, start, start + l)?, o);
-            start += l;
-            part
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(concatenate(&parts, 2)?)
+    let positions: Vec<i32> = lens.iter().zip(offsets).flat_map(|(&l, &o)| o..o + l).collect();
+    let pos = Array::from_slice(&positions, &[positions.len() as i32])?;
+    let rows = x.transpose(&[2, 1, 0, 3])?; // [ΣL, H, 1, D]
+    Ok(rope.apply_at(&rows, &pos)?.transpose(&[2, 1, 0, 3])?)
 }
 
 struct KvProj {

@@ -45,6 +45,18 @@ impl Rope {
         })
     }
 
+    /// Rotates x `[B, H, 1, D]` with entry b at position `positions[b]` (`[B]` int32).
+    pub fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
+        Ok(match self {
+            Rope::Default { dims, base } => {
+                fast::rope_offsets(x, *dims, false, RopeFreqs::Base(*base), 1.0, positions)?
+            }
+            Rope::Proportional { dims, freqs } => {
+                fast::rope_offsets(x, *dims, false, RopeFreqs::Explicit(freqs), 1.0, positions)?
+            }
+        })
+    }
+
     /// Rotates x `[B, H, L, D]` for positions `offset..offset+L`.
     pub fn apply(&self, x: &Array, offset: i32) -> Result<Array> {
         Ok(match self {

@@ -33,6 +33,23 @@ pub fn rope(x: &Array, dims: i32, traditional: bool, freqs: RopeFreqs<'_>, scale
     Array::wrap("rope", ffi::rope(x.raw(), dims, traditional, base, scale, off.raw(), f.raw()))
 }
 
+/// [`rope`] with one offset per batch entry: x `[B, H, L, D]`, `offsets` `[B]` int32 (entry b
+/// rotated for positions `offsets[b]..offsets[b]+L`).
+pub fn rope_offsets(
+    x: &Array,
+    dims: i32,
+    traditional: bool,
+    freqs: RopeFreqs<'_>,
+    scale: f32,
+    offsets: &Array,
+) -> Result<Array> {
+    let (base, f) = match freqs {
+        RopeFreqs::Base(b) => (b, List::opt(None)?),
+        RopeFreqs::Explicit(a) => (0.0, List::opt(Some(a))?),
+    };
+    Array::wrap("rope", ffi::rope(x.raw(), dims, traditional, base, scale, offsets.raw(), f.raw()))
+}
+
 /// The attention mask forms mlx-lm uses (docs/numerics.md, "Masks"); the mode decides the kernel.
 #[derive(Clone, Copy, Debug)]
 pub enum Mask<'a> {

@@ -157,4 +157,16 @@ pub trait Drafter {
     fn propose(&mut self, req: DraftRequest<'_>) -> Result<Proposal>;
     /// Appends the tapped rows of the anchor and the accepted drafts // `[1, k, m·H]`.
     fn commit(&mut self, rows: Option<&Array>, k: usize) -> Result<()>;
+
+    /// A drafter sharing this one's weights, with its own (empty) request state: what an engine
+    /// holds per session. `None` where the drafter cannot share (then load another).
+    fn fork(&self) -> Option<Box<dyn Drafter>> {
+        None
+    }
+
+    /// This drafter as a DSpark drafter, whose proposals for several requests can run as one
+    /// batched forward ([`crate::dspark::propose_batch`]).
+    fn as_dspark(&mut self) -> Option<&mut crate::dspark::DSparkDrafter> {
+        None
+    }
 }

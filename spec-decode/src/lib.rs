@@ -39,7 +39,7 @@ pub use schedule::{draft_cap, profile, request_rate, throughput};
 pub use verify::{accept, probs};
 
 pub use decode::{
-    decode_from, prefill, prefill_from, speculative_generate, FinishReason, Prefilled, PrefixState, Proposed,
+    decode_from, prefill, prefill_from, speculative_generate, Drafting, FinishReason, Prefilled, PrefixState, Proposed,
     SpecConfig, SpecOutput, SpecRounds, Window,
 };
 pub use drafter::{DraftRequest, DraftSampling, Drafter, Proposal};

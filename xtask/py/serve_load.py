@@ -24,7 +24,7 @@ results = {"ttft": [], "gaps": [], "tokens": 0, "errors": [], "outputs": []}
 
 def one(prompt_index):
     body = {"prompt": prompts[prompt_index], "max_tokens": max_tokens, "temperature": temperature, "stream": True,
-            "stream_options": {"include_usage": True}, "seed": prompt_index}
+            "stream_options": {"include_usage": True}}
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})

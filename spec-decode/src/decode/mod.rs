@@ -34,7 +34,7 @@ mod prefill;
 mod rounds;
 
 pub use prefill::{prefill, prefill_from, Prefilled, PrefixState};
-pub use rounds::{Proposed, SpecRounds, Window};
+pub use rounds::{Drafting, Proposed, SpecRounds, Window};
 
 pub use gemma4::generate::FinishReason;
 

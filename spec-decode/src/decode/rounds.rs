@@ -49,6 +49,14 @@ pub struct SpecRounds {
     finish: Option<FinishReason>,
 }
 
+/// A round about to draft ([`SpecRounds::prepare`]).
+pub struct Drafting {
+    /// The round's anchor, the pending token // `[1]`
+    pub anchor: Array,
+    /// Drafts the round may propose (0: a plain step).
+    pub max_drafts: usize,
+}
+
 /// A round's drafts before the window is chosen ([`SpecRounds::propose`]).
 pub struct Proposed {
     /// The round's anchor, the pending token // `[1]`
@@ -63,6 +71,15 @@ impl Proposed {
     /// Drafts proposed.
     pub fn offered(&self) -> usize {
         self.offered
+    }
+
+    /// The arrays the round reads next (drafts, draft distributions, confidences), for a
+    /// caller that evaluates several requests' drafts together.
+    pub fn pending(&self) -> Vec<&Array> {
+        match &self.proposal {
+            Some(p) => std::iter::once(&p.tokens).chain(p.q.as_ref()).chain(p.confidence.as_ref()).collect(),
+            None => Vec::new(),
+        }
     }
 }
 
@@ -210,6 +227,28 @@ impl SpecRounds {
     /// [`Self::cache_mut`] (alone, or batched with other requests' windows), and
     /// [`Self::conclude`].
     pub fn propose(&mut self, target: &Model, drafter: &mut dyn Drafter) -> Result<Option<Proposed>> {
+        let Some(mut p) = self.draft_lazily(target, drafter)? else { return Ok(None) };
+        self.read_confidences(&mut p)?;
+        Ok(Some(p))
+    }
+
+    /// [`Self::propose`] without the read: the drafts are a graph not yet evaluated, so a
+    /// batch can evaluate every request's drafts at once ([`Proposed::pending`]) before
+    /// [`Self::read_confidences`].
+    pub fn draft_lazily(&mut self, target: &Model, drafter: &mut dyn Drafter) -> Result<Option<Proposed>> {
+        let Some(d) = self.prepare(drafter)? else { return Ok(None) };
+        let p = match d.max_drafts {
+            0 => None,
+            _ => Some(drafter.propose(self.draft_request(target, &d))?),
+        };
+        self.proposed(d, p, &drafter.name()).map(Some)
+    }
+
+    /// Before a round's drafts: `None` when the request has reached `max_tokens` (it has then
+    /// ended); else the anchor and how many drafts the round may propose (0: a plain step).
+    /// The drafts then come from the drafter with [`Self::draft_request`] (alone, or batched
+    /// with other requests'), and [`Self::proposed`] checks them.
+    pub fn prepare(&mut self, drafter: &dyn Drafter) -> Result<Option<Drafting>> {
         if self.finish.is_some() {
             return Ok(None);
         }
@@ -218,24 +257,62 @@ impl SpecRounds {
             return Ok(None);
         }
         self.check_aligned(drafter)?;
-        let max_drafts = self.max_drafts();
-        let anchor = Array::from_slice(&[self.pending], &[1])?;
-        let proposal = match max_drafts {
-            0 => None,
-            n => Some(self.draft(target, drafter, &anchor, n)?),
+        Ok(Some(Drafting { anchor: Array::from_slice(&[self.pending], &[1])?, max_drafts: self.max_drafts() }))
+    }
+
+    /// What the drafter is asked for this round (under sampling it draws with this request's
+    /// keys).
+    pub fn draft_request<'a>(&'a mut self, target: &'a Model, d: &'a Drafting) -> DraftRequest<'a> {
+        let sampling = if self.greedy {
+            DraftSampling::Greedy
+        } else {
+            DraftSampling::Sample { cfg: &self.cfg.generate.sampler, keys: &mut self.keys }
         };
-        let conf = match (&self.cut, proposal.as_ref().and_then(|p| p.confidence.as_ref())) {
-            (Some(_), Some(c)) => {
-                self.stats.host_syncs += 1;
-                Some(c.to_f32_vec()?)
+        DraftRequest {
+            anchor: &d.anchor,
+            position: self.cache.offset(),
+            max_drafts: d.max_drafts,
+            sampling,
+            target,
+            target_cache: &self.cache,
+        }
+    }
+
+    /// The round's drafts, checked against the drafter contract: 1..=`max_drafts` tokens
+    /// (none when it proposed nothing), under sampling with the q rows they were drawn from.
+    pub fn proposed(&self, d: Drafting, p: Option<Proposal>, drafter: &str) -> Result<Proposed> {
+        if let Some(p) = &p {
+            if p.is_empty()? || p.len()? > d.max_drafts {
+                return Err(Error::Contract(format!(
+                    "{drafter} returned {} drafts (asked for 1..={})",
+                    p.len()?,
+                    d.max_drafts
+                )));
             }
-            _ => None,
-        };
-        let offered = match &proposal {
+            if !self.greedy && p.q.is_none() {
+                return Err(Error::Contract(format!(
+                    "{drafter} gave no draft distribution; sampled verification needs q"
+                )));
+            }
+        }
+        let offered = match &p {
             Some(p) => p.len()?,
             None => 0,
         };
-        Ok(Some(Proposed { anchor, proposal, conf, offered }))
+        Ok(Proposed { anchor: d.anchor, proposal: p, conf: None, offered })
+    }
+
+    /// Reads the drafts' confidences when the request prunes (one host read; nothing
+    /// otherwise, or when already read).
+    pub fn read_confidences(&mut self, p: &mut Proposed) -> Result<()> {
+        if p.conf.is_some() || self.cut.is_none() {
+            return Ok(());
+        }
+        if let Some(c) = p.proposal.as_ref().and_then(|p| p.confidence.as_ref()) {
+            self.stats.host_syncs += 1;
+            p.conf = Some(c.to_f32_vec()?);
+        }
+        Ok(())
     }
 
     /// The calibrated survival of each proposed draft (the chance it and every draft before it
@@ -337,45 +414,6 @@ impl SpecRounds {
         let remaining = self.cfg.generate.max_tokens - self.tokens.len();
         let cap = self.draft_cap.as_ref().map_or(self.gamma, DraftCap::limit);
         self.gamma.min(remaining - 1).min(cap)
-    }
-
-    /// Draft: 1..=`max_drafts` tokens after the anchor, on the device, checked against the
-    /// drafter contract (under sampling with the q rows they were drawn from).
-    fn draft(
-        &mut self,
-        target: &Model,
-        drafter: &mut dyn Drafter,
-        anchor: &Array,
-        max_drafts: usize,
-    ) -> Result<Proposal> {
-        let sampling = if self.greedy {
-            DraftSampling::Greedy
-        } else {
-            DraftSampling::Sample { cfg: &self.cfg.generate.sampler, keys: &mut self.keys }
-        };
-        let req = DraftRequest {
-            anchor,
-            position: self.cache.offset(),
-            max_drafts,
-            sampling,
-            target,
-            target_cache: &mut self.cache,
-        };
-        let p = drafter.propose(req)?;
-        if p.is_empty()? || p.len()? > max_drafts {
-            return Err(Error::Contract(format!(
-                "{} returned {} drafts (asked for 1..={max_drafts})",
-                drafter.name(),
-                p.len()?
-            )));
-        }
-        if !self.greedy && p.q.is_none() {
-            return Err(Error::Contract(format!(
-                "{} gave no draft distribution; sampled verification needs q",
-                drafter.name()
-            )));
-        }
-        Ok(p)
     }
 
     /// Verify: one tapped forward over [pending, drafts], stepwise, so every row is scored

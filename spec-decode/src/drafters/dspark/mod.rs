@@ -11,4 +11,4 @@ pub use config::{
     param_kind, write_calibration, Calibration, DSparkConfig, Descriptor, Dims, ParamKind, StsFit, CALIBRATION_VERSION,
 };
 pub use fit::fit_bigram_drafter;
-pub use model::DSparkDrafter;
+pub use model::{propose_batch, DSparkDrafter};

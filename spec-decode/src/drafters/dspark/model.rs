@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use gemma4::checkpoint::{write_json, StagedDir};
 use gemma4::config::QuantizationConfig;
@@ -27,7 +28,7 @@ use super::config::{
     check_target, param_kind, read_descriptor, target_id, DSparkConfig, Descriptor, Dims, ParamKind, FORMAT_VERSION,
     KIND,
 };
-use crate::drafter::{DraftRequest, Drafter, Proposal};
+use crate::drafter::{DraftRequest, DraftSampling, Drafter, Proposal};
 use crate::drafters::context_cache::{ContextCache, LayerKv};
 use crate::error::{Error, Result};
 
@@ -85,7 +86,8 @@ pub struct DSparkDrafter {
     dims: Dims,
     target_id: String,
     taps: TapSet,
-    w: Weights,
+    /// Shared by the forks of one loaded drafter (an engine's sessions).
+    w: Arc<Weights>,
     /// Dense parameters by name, as loaded or initialised (what `save` writes).
     params: BTreeMap<String, Array>,
     ctx: Option<ContextCache>,
@@ -161,7 +163,7 @@ impl DSparkDrafter {
         quantized: BTreeMap<String, Quantized>,
     ) -> Result<Self> {
         params.retain(|n, _| !quantized.contains_key(n));
-        let w = Weights::build(&cfg, &params, &quantized)?;
+        let w = Arc::new(Weights::build(&cfg, &params, &quantized)?);
         Ok(DSparkDrafter { cfg, dims, target_id, taps, w, params, ctx: None })
     }
 
@@ -407,10 +409,10 @@ impl DSparkDrafter {
     }
 
     fn heads(&self, x: &Array) -> Result<Array> {
-        // [1, L, D] -> [1, heads, L, hd]
-        let l = x.dim(1)?;
+        // [B, L, D] -> [B, heads, L, hd]
+        let (b, l) = (x.dim(0)?, x.dim(1)?);
         let hd = (self.cfg.d_draft / self.cfg.n_heads) as i32;
-        Ok(x.reshape(&[1, l, self.cfg.n_heads as i32, hd])?.transpose(&[0, 2, 1, 3])?)
+        Ok(x.reshape(&[b, l, self.cfg.n_heads as i32, hd])?.transpose(&[0, 2, 1, 3])?)
     }
 
     /// Projects tapped rows into every layer's context K/V // `[1, L, m·H]` -> per layer `[1, h, L, hd]`
@@ -428,33 +430,44 @@ impl DSparkDrafter {
     }
 
     /// The backbone over the block // anchor `[1]` -> block hidden `[1, γ, D]`
-    fn backbone(&self, ctx: &mut ContextCache, target: &gemma4::Model, anchor: &Array) -> Result<Array> {
+    /// The backbone over the blocks of several requests, each attending over its own context
+    /// // anchors `[R]` -> `[R, γ, D]`. Every product runs once over all R·γ rows (row-invariant
+    /// kernels: a request's rows get the bits they get alone); attention runs per row over its
+    /// own request's `[context; block]`.
+    fn backbone(&self, ctxs: &mut [ContextCache], target: &gemma4::Model, anchors: &Array) -> Result<Array> {
         let g = self.cfg.gamma as i32;
-        let emb = target.embed_raw(&anchor.reshape(&[1, 1])?)?.astype(Dtype::F32)?; // [1, 1, H]
+        let r = ctxs.len() as i32;
+        let emb = target.embed_raw(&anchors.reshape(&[r, 1])?)?.astype(Dtype::F32)?; // [R, 1, H]
         let pos = &self.w.block_pos;
-        let row0 = self.w.tok_proj.matmul_t(&emb)?.add(&pos.slice_axis(0, 0, 1)?)?;
+        let row0 = self.w.tok_proj.matmul_t(&emb)?.add(&pos.slice_axis(0, 0, 1)?)?; // [R, 1, D]
         let mut h = if g > 1 {
-            let masks = self.w.mask_emb.add(&pos.slice_axis(0, 1, g)?)?.expand_dims(0)?;
+            let masks = self.w.mask_emb.add(&pos.slice_axis(0, 1, g)?)?.expand_dims(0)?; // [1, γ−1, D]
+            let masks = masks.broadcast_to(&[r, g - 1, self.cfg.d_draft as i32])?;
             concatenate(&[&row0, &masks], 1)?
         } else {
             row0
-        }; // [1, γ, D]
+        }; // [R, γ, D]
         let scale = ((self.cfg.d_draft / self.cfg.n_heads) as f32).powf(-0.5);
         for (i, l) in self.w.layers.iter().enumerate() {
             let nd = self.rms(&h, &l.attn_norm)?;
-            let q = self.heads(&l.q.matmul_t(&nd)?)?;
-            let block = LayerKv { k: self.heads(&l.k.matmul_t(&nd)?)?, v: self.heads(&l.v.matmul_t(&nd)?)? };
-            let (k, v) = ctx.with_block(i, &block)?; // [1, h, L+γ, hd]
-            let (k, v) = match self.cfg.ctx_window {
-                // The last `w` context rows and the block // [1, h, w+γ, hd]
-                Some(w) if ctx.stored() > w => {
-                    let (from, to) = ((ctx.stored() - w) as i32, k.dim(2)?);
-                    (k.slice_axis(2, from, to)?, v.slice_axis(2, from, to)?)
-                }
-                _ => (k, v),
-            };
-            let a = block_attention(&q, &k, &v, scale)?; // [1, h, γ, hd]
-            let a = l.o.matmul_t(&a.transpose(&[0, 2, 1, 3])?.reshape(&[1, g, -1])?)?;
+            let q = self.heads(&l.q.matmul_t(&nd)?)?; // [R, h, γ, hd]
+            let (k, v) = (self.heads(&l.k.matmul_t(&nd)?)?, self.heads(&l.v.matmul_t(&nd)?)?);
+            let mut kvs = Vec::with_capacity(ctxs.len());
+            for (s, ctx) in ctxs.iter_mut().enumerate() {
+                let s = s as i32;
+                let block = LayerKv { k: k.slice_axis(0, s, s + 1)?, v: v.slice_axis(0, s, s + 1)? };
+                let (k, v) = ctx.with_block(i, &block)?; // [1, h, L+γ, hd]
+                kvs.push(match self.cfg.ctx_window {
+                    // The last `w` context rows and the block // [1, h, w+γ, hd]
+                    Some(w) if ctx.stored() > w => {
+                        let (from, to) = ((ctx.stored() - w) as i32, k.dim(2)?);
+                        (k.slice_axis(2, from, to)?, v.slice_axis(2, from, to)?)
+                    }
+                    _ => (k, v),
+                });
+            }
+            let a = block_attention(&q, &kvs, scale)?; // [R, h, γ, hd]
+            let a = l.o.matmul_t(&a.transpose(&[0, 2, 1, 3])?.reshape(&[r, g, -1])?)?;
             h = h.add(&a)?;
             let f = self.rms(&h, &l.ff_norm)?;
             let ff = l.down.matmul_t(&gemma4::gelu(&l.gate.matmul_t(&f)?)?.multiply(&l.up.matmul_t(&f)?)?)?;
@@ -462,21 +475,204 @@ impl DSparkDrafter {
         }
         self.rms(&h, &self.w.out_norm)
     }
+
+    /// Proposals for the requests of `group` (this drafter's forks: they share its weights),
+    /// one forward for all (see [`propose_batch`]).
+    fn propose_group(group: &mut [&mut DSparkDrafter], reqs: Vec<DraftRequest<'_>>) -> Result<Vec<Proposal>> {
+        let Some(lead) = group.first() else { return Ok(Vec::new()) };
+        if reqs.len() != group.len() || group.iter().any(|d| !Arc::ptr_eq(&d.w, &lead.w)) {
+            return Err(Error::Contract(
+                "a batched DSpark proposal needs one request per drafter, all forks of one drafter".into(),
+            ));
+        }
+        let (w, cfg) = (Arc::clone(&lead.w), lead.cfg.clone());
+        let me = lead.shell();
+        let target = reqs[0].target;
+        let anchors: Vec<&Array> = reqs.iter().map(|q| q.anchor).collect();
+        let anchors = concatenate(&anchors, 0)?; // [R]
+        let mut ctxs = Vec::with_capacity(group.len());
+        for d in group.iter_mut() {
+            match d.ctx.take() {
+                Some(c) => ctxs.push(c),
+                None => {
+                    for (d, c) in group.iter_mut().zip(ctxs) {
+                        d.ctx = Some(c);
+                    }
+                    return Err(Error::Contract("dspark: propose before reset".into()));
+                }
+            }
+        }
+        let block = me.backbone(&mut ctxs, target, &anchors);
+        for (d, c) in group.iter_mut().zip(ctxs) {
+            d.ctx = Some(c);
+        }
+        let block = block?; // [R, γ, D]
+        // Each request's first n rows, request after request // [Σn, D]
+        let ns: Vec<usize> = reqs.iter().map(|q| q.max_drafts.clamp(1, cfg.gamma)).collect();
+        let mut starts = Vec::with_capacity(ns.len());
+        let mut total = 0usize;
+        let mut parts = Vec::with_capacity(ns.len());
+        for (s, &n) in ns.iter().enumerate() {
+            starts.push(total);
+            total += n;
+            parts.push(block.slice_axis(0, s as i32, s as i32 + 1)?.slice_axis(1, 0, n as i32)?.squeeze(0)?);
+        }
+        let rows = concatenate(&parts, 0)?; // [Σn, D]
+        // The backbone needs the whole block (its attention is bidirectional), but only the
+        // wanted rows go through the target's LM head, the largest matmul of a round.
+        let to_target = w.out_proj.matmul_t(&rows)?.astype(target.dtype())?;
+        let u = target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?; // [Σn, V]
+        let (w1, w2) = (&w.markov_w1, &w.markov_w2);
+
+        // The Markov walk, every request's position k at once: B_k = W1[x_{k−1}]·W2.
+        let mut sampling: Vec<DraftSampling<'_>> = Vec::with_capacity(reqs.len());
+        let mut uniforms = Vec::with_capacity(reqs.len());
+        for (q, &n) in reqs.into_iter().zip(&ns) {
+            let mut sm = q.sampling;
+            uniforms.push(sm.uniforms(n)?);
+            sampling.push(sm);
+        }
+        let max_n = ns.iter().copied().max().unwrap_or(0);
+        let mut prev: Vec<Array> = anchors_split(&anchors, ns.len())?;
+        // Row order of the per-position outputs below: position-major, requests in order.
+        let mut order: Vec<(usize, usize)> = Vec::with_capacity(total);
+        let (mut toks_k, mut logits_k, mut e1_k) = (Vec::new(), Vec::new(), Vec::new());
+        let mut qs: Vec<Vec<Array>> = vec![Vec::new(); ns.len()];
+        for k in 0..max_n {
+            let active: Vec<usize> = (0..ns.len()).filter(|&s| ns[s] > k).collect();
+            let prev_k: Vec<&Array> = active.iter().map(|&s| &prev[s]).collect();
+            let e1 = w1.gather(&concatenate(&prev_k, 0)?)?.astype(Dtype::F32)?; // [A, r]
+            let idx: Vec<u32> = active.iter().map(|&s| (starts[s] + k) as u32).collect();
+            let uk = u.take(&Array::from_slice(&idx, &[idx.len() as i32])?, 0)?; // [A, V]
+            let lk = uk.add(&w2.matmul_t(&e1)?.astype(Dtype::F32)?)?; // [A, V] f32
+            let greedy = lk.argmax(-1, false)?.astype(Dtype::U32)?; // [A]
+            let mut drawn = Vec::with_capacity(active.len());
+            for (j, &s) in active.iter().enumerate() {
+                let j = j as i32;
+                let tok = match sampling[s].is_greedy() {
+                    true => greedy.slice_axis(0, j, j + 1)?,
+                    false => {
+                        let row = lk.slice_axis(0, j, j + 1)?;
+                        match sampling[s].draw_at(&row, uniforms[s].as_ref(), k)? {
+                            Some((t, q)) => {
+                                qs[s].push(q);
+                                t
+                            }
+                            None => greedy.slice_axis(0, j, j + 1)?,
+                        }
+                    }
+                }; // [1]
+                prev[s] = tok.clone();
+                drawn.push(tok);
+                order.push((s, k));
+            }
+            toks_k.push(concatenate(&drawn.iter().collect::<Vec<_>>(), 0)?);
+            logits_k.push(lk);
+            e1_k.push(e1);
+        }
+        // Back to request-major order: request s's rows at starts[s]..starts[s]+n_s.
+        let mut perm = vec![0u32; total];
+        for (row, &(s, k)) in order.iter().enumerate() {
+            perm[starts[s] + k] = row as u32;
+        }
+        let perm = Array::from_slice(&perm, &[total as i32])?;
+        let cat = |v: &[Array]| -> Result<Array> { Ok(concatenate(&v.iter().collect::<Vec<_>>(), 0)?.take(&perm, 0)?) };
+        let (tokens, logits, e1s) = (cat(&toks_k)?, cat(&logits_k)?, cat(&e1_k)?);
+        // Every row's confidence in one product per head: each reads only its own row.
+        let score = |greedy: bool| -> Result<Array> {
+            let (cw, cb) = match (&w.conf_greedy, greedy) {
+                (Some((cw, cb)), true) => (cw, cb),
+                _ => (&w.conf_w, &w.conf_b),
+            };
+            super::confidence::score(&rows, &e1s, &logits, cfg.conf_law, cw, cb)
+        };
+        let (mut conf_greedy, mut conf_sampled) = (None, None);
+        let mut out = Vec::with_capacity(ns.len());
+        for (s, &n) in ns.iter().enumerate() {
+            let conf = match sampling[s].is_greedy() {
+                true => conf_greedy.get_or_insert_with(|| score(true)),
+                false => conf_sampled.get_or_insert_with(|| score(false)),
+            };
+            let conf = match conf {
+                Ok(c) => c,
+                Err(e) => return Err(Error::Contract(format!("dspark confidence: {e}"))),
+            };
+            let (a, b) = (starts[s] as i32, (starts[s] + n) as i32);
+            out.push(Proposal {
+                tokens: tokens.slice_axis(0, a, b)?,
+                logits: Some(logits.slice_axis(0, a, b)?),
+                q: if qs[s].is_empty() { None } else { Some(concatenate(&qs[s].iter().collect::<Vec<_>>(), 0)?) },
+                confidence: Some(conf.slice_axis(0, a, b)?), // [n]
+            });
+        }
+        Ok(out)
+    }
+
+    /// This drafter's weights and settings without its parameter map or context (what a
+    /// forward reads).
+    fn shell(&self) -> DSparkDrafter {
+        DSparkDrafter { params: BTreeMap::new(), ..self.fork_with_params(false) }
+    }
+
+    fn fork_inner(&self) -> DSparkDrafter {
+        self.fork_with_params(true)
+    }
+
+    fn fork_with_params(&self, params: bool) -> DSparkDrafter {
+        DSparkDrafter {
+            cfg: self.cfg.clone(),
+            dims: self.dims.clone(),
+            target_id: self.target_id.clone(),
+            taps: self.taps.clone(),
+            w: Arc::clone(&self.w),
+            params: if params { self.params.clone() } else { BTreeMap::new() },
+            ctx: None,
+        }
+    }
 }
 
-/// The block's bidirectional attention over `[context; block]` // q `[1, h, γ, hd]` -> `[1, h, γ, hd]`.
-/// On the CPU in f32 it runs as mlx-core's single-query row kernel, every block row over the
-/// same keys: MLX's CPU attention evaluates its softmax one exponential at a time (~12 ns
-/// each), which made a round after 8,192 context rows 1.4× dearer than after 64.
-fn block_attention(q: &Array, k: &Array, v: &Array, scale: f32) -> Result<Array> {
+/// Each anchor of `[R]` as its own `[1]`.
+fn anchors_split(anchors: &Array, r: usize) -> Result<Vec<Array>> {
+    (0..r as i32).map(|s| Ok(anchors.slice_axis(0, s, s + 1)?)).collect()
+}
+
+/// Proposals for several requests in one batched forward: `group[s]` drafts for `reqs[s]`.
+/// The drafters must be forks of one ([`Drafter::fork`]); each keeps its own context. Every
+/// request's proposal is bit-identical to the one its drafter makes alone (the products run
+/// on row-invariant kernels while `R·γ` stays within their bound; attention and the Markov
+/// walk read only the request's own rows).
+pub fn propose_batch(group: &mut [&mut DSparkDrafter], reqs: Vec<DraftRequest<'_>>) -> Result<Vec<Proposal>> {
+    DSparkDrafter::propose_group(group, reqs)
+}
+
+/// Each request's block attending bidirectionally over its own `[context; block]` // q
+/// `[R, h, γ, hd]`, `kvs[s]` (`[1, h, L_s+γ, hd]`, same) -> `[R, h, γ, hd]`. On the CPU in f32 it
+/// runs as mlx-core's single-query row kernel, every row over its request's keys in one node:
+/// MLX's CPU attention evaluates its softmax one exponential at a time (~12 ns each), which
+/// made a round after 8,192 context rows 1.4× dearer than after 64.
+fn block_attention(q: &Array, kvs: &[(Array, Array)], scale: f32) -> Result<Array> {
+    let (r, h, g, hd) = (q.dim(0)?, q.dim(1)?, q.dim(2)?, q.dim(3)?);
     if !mlx_core::blas::row_kernels_for(q)? {
         // No mask: the block attends bidirectionally.
-        return Ok(fast::scaled_dot_product_attention(q, k, v, scale, fast::Mask::None)?);
+        let outs = kvs
+            .iter()
+            .enumerate()
+            .map(|(s, (k, v))| {
+                let qs = q.slice_axis(0, s as i32, s as i32 + 1)?;
+                Ok(fast::scaled_dot_product_attention(&qs, k, v, scale, fast::Mask::None)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(concatenate(&outs.iter().collect::<Vec<_>>(), 0)?);
     }
-    // The same keys and values for every row (read in place by the kernel).
-    let (k, v) = (k.astype(Dtype::F32)?, v.astype(Dtype::F32)?);
-    let rows: Vec<(Array, Array)> = (0..q.dim(2)?).map(|_| (k.clone(), v.clone())).collect();
-    Ok(mlx_core::blas::row_attention(q, &rows, scale)?)
+    // Rows request after request, each over its request's keys and values (read in place).
+    let rows_q = q.transpose(&[1, 0, 2, 3])?.reshape(&[1, h, r * g, hd])?; // [1, h, R·γ, hd]
+    let mut rows = Vec::with_capacity((r * g) as usize);
+    for (k, v) in kvs {
+        let (k, v) = (k.astype(Dtype::F32)?, v.astype(Dtype::F32)?);
+        rows.extend((0..g).map(|_| (k.clone(), v.clone())));
+    }
+    let a = mlx_core::blas::row_attention(&rows_q, &rows, scale)?; // [1, h, R·γ, hd]
+    Ok(a.reshape(&[h, r, g, hd])?.transpose(&[1, 0, 2, 3])?)
 }
 
 impl Drafter for DSparkDrafter {
@@ -530,51 +726,16 @@ impl Drafter for DSparkDrafter {
     }
 
     fn propose(&mut self, req: DraftRequest<'_>) -> Result<Proposal> {
-        let n = req.max_drafts.clamp(1, self.cfg.gamma);
-        let mut ctx = self.ctx.take().ok_or_else(|| Error::Contract("dspark: propose before reset".into()))?;
-        let block = self.backbone(&mut ctx, req.target, req.anchor);
-        self.ctx = Some(ctx);
-        // The backbone needs the whole block (its attention is bidirectional), but only the n
-        // wanted rows go through the target's LM head, the largest matmul of a round.
-        let block = block?.slice_axis(1, 0, n as i32)?; // [1, n, D]
-        let to_target = self.w.out_proj.matmul_t(&block)?.astype(req.target.dtype())?;
-        let u = req.target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?.squeeze(0)?; // [n, V]
-        let (w1, w2) = (&self.w.markov_w1, &self.w.markov_w2);
-        let block = block.squeeze(0)?; // [n, D]
-        let mut prev = req.anchor.reshape(&[1])?;
-        let mut sampling = req.sampling;
-        let uniforms = sampling.uniforms(n)?; // [n] under sampling
-        let (mut tokens, mut logits, mut qs, mut e1s) =
-            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-        for k in 0..n as i32 {
-            let e1 = w1.gather(&prev)?.astype(Dtype::F32)?; // [1, r]
-            let lk = u.slice_axis(0, k, k + 1)?.add(&w2.matmul_t(&e1)?.astype(Dtype::F32)?)?; // [1, V] f32
-            let tok = match sampling.draw_at(&lk, uniforms.as_ref(), k as usize)? {
-                Some((t, q)) => {
-                    qs.push(q);
-                    t
-                }
-                None => lk.argmax(-1, false)?.astype(Dtype::U32)?,
-            }; // [1]
-            tokens.push(tok);
-            logits.push(lk);
-            e1s.push(e1);
-            prev = tokens[k as usize].clone();
-        }
-        let logits = concatenate(&logits, 0)?; // [n, V]
+        let mut one = DSparkDrafter::propose_group(&mut [self], vec![req])?;
+        one.pop().ok_or_else(|| Error::Contract("dspark: a batch of one gave no proposal".into()))
+    }
 
-        // Every position's confidence in one product: each reads only its own row.
-        let (cw, cb) = match (&self.w.conf_greedy, sampling.is_greedy()) {
-            (Some((w, b)), true) => (w, b),
-            _ => (&self.w.conf_w, &self.w.conf_b),
-        };
-        let confidence = super::confidence::score(&block, &concatenate(&e1s, 0)?, &logits, self.cfg.conf_law, cw, cb)?;
-        Ok(Proposal {
-            tokens: concatenate(&tokens, 0)?,
-            logits: Some(logits),
-            q: if qs.is_empty() { None } else { Some(concatenate(&qs, 0)?) },
-            confidence: Some(confidence), // [n]
-        })
+    fn fork(&self) -> Option<Box<dyn Drafter>> {
+        Some(Box::new(self.fork_inner()))
+    }
+
+    fn as_dspark(&mut self) -> Option<&mut DSparkDrafter> {
+        Some(self)
     }
 
     fn commit(&mut self, rows: Option<&Array>, k: usize) -> Result<()> {
