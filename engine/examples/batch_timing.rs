@@ -12,12 +12,13 @@ fn main() {
     let tok = gemma4::tokenizer::Tokenizer::from_dir(&dir).unwrap();
     let ddir = engine::default_model::ensure_drafter(false).unwrap();
     let first = spec_decode::load_drafter_as(&ddir, m.config(), res.conversion.dequantize).unwrap();
-    let mut drafters: Vec<Option<Box<dyn spec_decode::Drafter>>> = (0..n)
-        .map(|_| spec.then(|| first.fork().unwrap()))
-        .collect();
+    let mut drafters: Vec<Option<Box<dyn spec_decode::Drafter>>> =
+        (0..n).map(|_| spec.then(|| first.fork().unwrap())).collect();
     let sched_on = std::env::var("SCHED").is_ok();
     let pruning = if spec && sched_on {
-        engine::schedule::choose(engine::Schedule::Auto, None, first.as_ref(), &m, &dir, mlx_core::Device::Cpu, true).unwrap().0
+        engine::schedule::choose(engine::Schedule::Auto, None, first.as_ref(), &m, &dir, mlx_core::Device::Cpu, true)
+            .unwrap()
+            .0
     } else {
         Default::default()
     };

@@ -191,41 +191,65 @@ fn draft_all(
     proposals: &mut [Option<Proposal>],
     outs: &mut [Option<Result<StepOut>>],
 ) {
-    let mut batched: Vec<usize> = Vec::new();
+    // Sessions whose drafters share weights draft together: groups of (lead, members).
+    let mut families: Vec<Vec<usize>> = Vec::new();
     let mut per_group = MAX_ROWS;
-    for (i, m) in members.iter_mut().enumerate() {
-        let Some(d) = drafting[i].as_ref() else { continue };
-        match m.drafter.as_deref_mut() {
-            Some(dr) => match dr.as_dspark() {
-                Some(ds) => {
-                    per_group = per_group.min((MAX_ROWS / ds.gamma().max(1)).max(1));
-                    batched.push(i);
-                }
-                None => {
-                    let name = dr.name();
-                    let d = drafting[i].take();
-                    let r = (|| -> Result<Proposal> {
-                        let d = d.ok_or_else(|| Error::Batch("no drafting state".into()))?;
-                        let p = match m.session.draft_request(&d) {
-                            Some(req) => Some(dr.propose(req)?),
-                            None => None,
-                        };
-                        m.session.proposed(d, p, &name)
-                    })();
-                    match r {
-                        Ok(p) => proposals[i] = Some(p),
-                        Err(e) => outs[i] = Some(Err(e)),
+    for i in 0..members.len() {
+        if drafting[i].is_none() {
+            continue;
+        }
+        let family = {
+            let (head, tail) = members.split_at_mut(i);
+            let m = &mut tail[0];
+            match m.drafter.as_deref_mut() {
+                Some(dr) => match dr.as_dspark() {
+                    Some(ds) => {
+                        per_group = per_group.min((MAX_ROWS / ds.gamma().max(1)).max(1));
+                        let found = families.iter().position(|f| {
+                            head[f[0]]
+                                .drafter
+                                .as_deref_mut()
+                                .and_then(|d| d.as_dspark())
+                                .is_some_and(|l| l.shares_weights(ds))
+                        });
+                        Some(found)
                     }
+                    None => None,
+                },
+                None => {
+                    outs[i] = Some(Err(Error::Batch("a drafting session has no drafter".into())));
+                    drafting[i] = None;
+                    continue;
                 }
-            },
+            }
+        };
+        match family {
+            Some(Some(f)) => families[f].push(i),
+            Some(None) => families.push(vec![i]),
             None => {
-                let _ = d;
-                outs[i] = Some(Err(Error::Batch("a drafting session has no drafter".into())));
-                drafting[i] = None;
+                // Another kind of drafter: alone.
+                let m = &mut members[i];
+                let Some(dr) = m.drafter.as_deref_mut() else { continue };
+                let name = dr.name();
+                let d = drafting[i].take();
+                let r = (|| -> Result<Proposal> {
+                    let d = d.ok_or_else(|| Error::Batch("no drafting state".into()))?;
+                    let p = match m.session.draft_request(&d) {
+                        Some(req) => Some(dr.propose(req)?),
+                        None => None,
+                    };
+                    m.session.proposed(d, p, &name)
+                })();
+                match r {
+                    Ok(p) => proposals[i] = Some(p),
+                    Err(e) => outs[i] = Some(Err(e)),
+                }
             }
         }
     }
-    for group in batched.chunks(per_group) {
+    let batched: Vec<Vec<usize>> =
+        families.iter().flat_map(|f| f.chunks(per_group).map(<[usize]>::to_vec).collect::<Vec<_>>()).collect();
+    for group in &batched {
         let result = (|| -> Result<Vec<spec_decode::Proposal>> {
             let mut drafters = Vec::with_capacity(group.len());
             let mut reqs = Vec::with_capacity(group.len());
@@ -252,7 +276,7 @@ fn draft_all(
             }
             Err(e) => {
                 let msg = e.to_string();
-                for &i in group {
+                for &i in group.iter() {
                     drafting[i] = None;
                     outs[i] = Some(Err(Error::Batch(msg.clone())));
                 }
@@ -312,7 +336,9 @@ fn run_group(
     let t0 = std::time::Instant::now();
     let fwd = forward();
     let t1 = std::time::Instant::now();
-    if let Ok((l, _)) = &fwd { let _ = l.eval(); }
+    if let Ok((l, _)) = &fwd {
+        let _ = l.eval();
+    }
     let t2 = std::time::Instant::now();
     let (logits, taps) = match fwd {
         Ok(x) => x,
@@ -342,7 +368,12 @@ fn run_group(
         start += len;
     }
     if std::env::var("DSPARK_TIMING").is_ok() {
-        eprintln!("build {:.2} eval {:.2} conclude {:.2}", (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3, t2.elapsed().as_secs_f64() * 1e3);
+        eprintln!(
+            "build {:.2} eval {:.2} conclude {:.2}",
+            (t1 - t0).as_secs_f64() * 1e3,
+            (t2 - t1).as_secs_f64() * 1e3,
+            t2.elapsed().as_secs_f64() * 1e3
+        );
     }
     emitted
 }

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use gemma4::chat_template::ChatTemplate;
 use gemma4::tokenizer::{stop_tokens, Tokenizer};
-use gemma4::{ComputeDtype, Model, TextConfig};
+use gemma4::{ComputeDtype, Model, TapSet, TextConfig};
 use spec_decode::{Drafter, Pruning};
 
 use crate::batch::{self, BatchSchedule, Member};
@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::prompt_cache::PromptCache;
 use crate::schedule::{choose, Schedule};
 use crate::session::{Outcome, Request, Session, StepOut};
+use crate::starting::Starting;
 use spec_decode::schedule::batch::BatchCost;
 
 /// How the engine is set up.
@@ -289,6 +290,14 @@ impl Drop for Engine {
     }
 }
 
+/// An admitted request whose prompt is being prefilled.
+struct Admitting<'t> {
+    job: Job,
+    starting: Starting<'t>,
+    slot: usize,
+    t0: Instant,
+}
+
 /// An admitted request.
 struct Active<'m, 't> {
     job: Job,
@@ -430,13 +439,14 @@ fn worker(
     let tok = info.tokenizer.as_ref();
     let mut cache = PromptCache::new(cfg.prompt_cache);
     let mut active: Vec<Active<'_, '_>> = Vec::new();
+    let mut starting: std::collections::VecDeque<Admitting<'_>> = std::collections::VecDeque::new();
     let mut schedule = BatchSchedule::new(batch_cost);
     // Drafter slots not in use (a plain engine has no drafters; its sessions use slot 0).
     let mut free: Vec<usize> = (0..cfg.max_concurrency).rev().collect();
     loop {
-        // Admit in arrival order; block only when nothing is running.
+        // Admit in arrival order; block only when nothing is running or starting.
         while !free.is_empty() {
-            let job = if active.is_empty() {
+            let job = if active.is_empty() && starting.is_empty() {
                 match rx.recv() {
                     Ok(j) => j,
                     Err(_) => return,
@@ -459,17 +469,17 @@ fn worker(
                 break;
             };
             let t0 = Instant::now();
-            let drafter = drafters.get_mut(slot).map(|d| d.as_mut());
+            let taps = drafters.get(slot).map_or_else(|| TapSet::new([]), |d| d.taps());
             match guarded(|| {
                 #[cfg(feature = "testing")]
                 if cfg.panic_on_token.is_some_and(|t| job.request.prompt.contains(&t)) {
                     panic!("injected fault (testing)");
                 }
-                Session::start(model, drafter, &scheduled(&job.request, &plans), tok, Some(&mut cache))
+                Starting::new(model, taps, &scheduled(&job.request, &plans), tok, Some(&mut cache))
             }) {
-                Ok(session) => {
+                Ok(s) => {
                     inc(&n.active);
-                    active.push(Active { job, session, slot, t0 });
+                    starting.push_back(Admitting { job, starting: s, slot, t0 });
                 }
                 Err(e) => {
                     tracing::warn!(request = %job.label, "failed: {e}");
@@ -477,6 +487,52 @@ fn worker(
                     job.events.send(Event::Failed(e.to_string()));
                     free.push(slot);
                 }
+            }
+        }
+        // Prefill: one chunk of the prefill grid per iteration while sessions decode (a long
+        // prompt then delays their next step by one chunk, not by its whole prefill), up to
+        // the prefill step in tokens across requests; everything at once when none decodes.
+        let mut budget = cfg.prefill_step.max(1);
+        while let Some(mut a) = starting.pop_front() {
+            if a.job.events.is_closed() {
+                tracing::info!(request = %a.job.label, "cancelled while prefilling");
+                dec(&n.active);
+                inc(&n.cancelled);
+                free.push(a.slot);
+                continue;
+            }
+            let before = a.starting.remaining();
+            let result = guarded(|| {
+                let done = a.starting.advance(model)?;
+                Ok(done || active.is_empty())
+            });
+            budget = budget.saturating_sub(before - a.starting.remaining());
+            match result {
+                Ok(true) => {
+                    let Admitting { job, starting: s, slot, t0 } = a;
+                    let drafter = drafters.get_mut(slot).map(|d| d.as_mut());
+                    match guarded(|| s.finish(model, drafter, Some(&mut cache))) {
+                        Ok(session) => active.push(Active { job, session, slot, t0 }),
+                        Err(e) => {
+                            tracing::warn!(request = %job.label, "failed: {e}");
+                            dec(&n.active);
+                            inc(&n.failed);
+                            job.events.send(Event::Failed(e.to_string()));
+                            free.push(slot);
+                        }
+                    }
+                }
+                Ok(false) => starting.push_front(a),
+                Err(e) => {
+                    tracing::warn!(request = %a.job.label, "failed: {e}");
+                    dec(&n.active);
+                    inc(&n.failed);
+                    a.job.events.send(Event::Failed(e.to_string()));
+                    free.push(a.slot);
+                }
+            }
+            if budget == 0 && !active.is_empty() {
+                break;
             }
         }
         // Cancelled sessions leave before the step.

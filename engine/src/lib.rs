@@ -28,6 +28,7 @@ pub mod prompt_cache;
 pub mod schedule;
 pub mod selection;
 pub mod session;
+pub mod starting;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;

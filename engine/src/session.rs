@@ -19,7 +19,7 @@ use gemma4::tokenizer::Tokenizer;
 use gemma4::{Model, TapSet};
 use mlx_core::Array;
 use spec_decode::{
-    prefill_from, DraftRequest, Drafter, Drafting, FinishReason, PrefixState, Proposed, Pruning, SpecConfig, SpecRounds, SpecStats, Window,
+    DraftRequest, Drafter, Drafting, FinishReason, Proposed, Pruning, SpecConfig, SpecRounds, SpecStats, Window,
 };
 
 use crate::error::{Error, Result};
@@ -185,34 +185,24 @@ impl<'m, 't> Session<'m, 't> {
         drafter: Option<&mut (dyn Drafter + 'static)>,
         req: &Request,
         tok: Option<&'t Tokenizer>,
-        cache: Option<&mut PromptCache>,
+        mut cache: Option<&mut PromptCache>,
+    ) -> Result<Session<'m, 't>> {
+        let taps = drafter.as_ref().map_or_else(|| TapSet::new([]), |d| d.taps());
+        crate::starting::Starting::new(target, taps, req, tok, cache.as_deref_mut().map(|c| &mut *c))?
+            .finish(target, drafter, cache)
+    }
+
+    /// A session from a finished prefill (see [`crate::starting::Starting`]).
+    pub(crate) fn from_prefilled(
+        target: &'m Model,
+        drafter: Option<&mut (dyn Drafter + 'static)>,
+        req: &Request,
+        tok: Option<&'t Tokenizer>,
+        mut pre: spec_decode::Prefilled,
+        cached_tokens: usize,
+        t0: Instant,
     ) -> Result<Session<'m, 't>> {
         let gen = &req.generate;
-        gemma4::generate::check_positions(target, req.prompt.len(), gen.max_tokens)?;
-        gen.sampler.validate(target.config().vocab_size)?;
-        if !req.stop.is_empty() && tok.is_none() {
-            return Err(Error::Settings { what: "stop", detail: "stop strings need a tokenizer".into() });
-        }
-        let taps = drafter.as_ref().map_or_else(|| TapSet::new([]), |d| d.taps());
-        let t0 = Instant::now();
-        let mut cache = cache;
-        let from = cache.as_deref_mut().and_then(|c| c.lookup(&taps, &req.prompt, gen.prefill_step.max(1)));
-        let cached_tokens = from.as_ref().map_or(0, |f| f.tokens().len());
-        let step = gen.prefill_step.max(1);
-        let mut keep: Vec<PrefixState> = Vec::new();
-        let head = req.prompt.len().saturating_sub(1);
-        let mut pre = prefill_from(target, &taps, &req.prompt, step, from.as_ref(), |s| {
-            // The last full chunk's state and the whole head's state (see prompt_cache).
-            let n = s.tokens().len();
-            if n == head || (n.is_multiple_of(step) && n + step > head) {
-                keep.push(s);
-            }
-        })?;
-        if let Some(c) = cache {
-            for s in keep {
-                c.insert(s);
-            }
-        }
         let decoding = match drafter {
             Some(d) => {
                 let cfg = SpecConfig { generate: gen.clone(), gamma: req.gamma, pruning: req.pruning.clone() };

@@ -46,7 +46,10 @@ struct Done {
 
 /// Every request decoded alone, then all of them stepped together under `schedule`.
 fn alone_and_batched(m: &Model, reqs: &[(Request, bool)], cost: Option<BatchCost>) -> (Vec<Done>, Vec<Done>) {
-    let mut drafters: Vec<Option<Box<dyn Drafter>>> = reqs.iter().map(|(_, spec)| spec.then(|| drafter(m))).collect();
+    // As the engine holds them: forks of one loaded drafter.
+    let first = drafter(m);
+    let mut drafters: Vec<Option<Box<dyn Drafter>>> =
+        reqs.iter().map(|(_, spec)| spec.then(|| first.fork().expect("a DSpark drafter forks"))).collect();
     let alone: Vec<Done> = reqs
         .iter()
         .zip(&mut drafters)
@@ -132,4 +135,58 @@ fn an_unseeded_sampled_request_follows_the_batch_schedule() {
         assert_eq!(s.rounds, 0, "request {i}: 6 anchors past the cliff leave no drafts");
         assert!(b.finish == FinishReason::Length || b.finish == FinishReason::Stop);
     }
+}
+
+#[test]
+fn a_prompt_prefilled_between_steps_decodes_as_one_prefilled_at_once() {
+    use engine::starting::Starting;
+    let m = Model::load(target_dir()).unwrap();
+    let first = drafter(&m);
+    // A 45-token prompt on a grid of 8: six chunks, run one per step of a running session.
+    let mut long = request(9, 0.0, Pruning::Off, true);
+    long.prompt = (0..45u32).map(|j| 4 + (j * 29) % 500).collect();
+    long.generate.prefill_step = 8;
+    let running = request(1, 0.0, Pruning::Off, true);
+    let alone = |r: &Request| {
+        let mut d = first.fork().unwrap();
+        let s = Session::start(&m, Some(d.as_mut()), r, None, None).unwrap();
+        s.run(Some(d.as_mut()), |_| {}).unwrap().tokens
+    };
+    let (want_long, want_running) = (alone(&long), alone(&running));
+
+    let (mut d_run, mut d_long) = (first.fork().unwrap(), first.fork().unwrap());
+    let mut run = Session::start(&m, Some(d_run.as_mut()), &running, None, None).unwrap();
+    let mut got_running = Vec::new();
+    let mut starting = Starting::new(&m, d_long.taps(), &long, None, None).unwrap();
+    let mut chunks = 0;
+    while !starting.advance(&m).unwrap() {
+        chunks += 1;
+        let out = run.step(Some(d_run.as_mut())).unwrap();
+        got_running.extend(out.tokens);
+    }
+    assert_eq!(chunks, 5, "44 head tokens on a grid of 8: five chunks before the last");
+    let mut late = starting.finish(&m, Some(d_long.as_mut()), None).unwrap();
+    let mut got_long = Vec::new();
+    loop {
+        let mut members = [
+            Member { session: &mut run, drafter: Some(d_run.as_mut()) },
+            Member { session: &mut late, drafter: Some(d_long.as_mut()) },
+        ];
+        let outs = step(&m, &mut members, &mut BatchSchedule::default());
+        let mut finished = true;
+        for (k, o) in outs.into_iter().enumerate() {
+            let o = o.unwrap();
+            finished &= o.finished.is_some();
+            if k == 0 {
+                got_running.extend(o.tokens)
+            } else {
+                got_long.extend(o.tokens)
+            }
+        }
+        if finished {
+            break;
+        }
+    }
+    assert_eq!(got_long, want_long, "the prompt prefilled chunk by chunk decodes as one prefilled at once");
+    assert_eq!(got_running, want_running);
 }

@@ -507,7 +507,7 @@ impl DSparkDrafter {
             d.ctx = Some(c);
         }
         let block = block?; // [R, γ, D]
-        // Each request's first n rows, request after request // [Σn, D]
+                            // Each request's first n rows, request after request // [Σn, D]
         let ns: Vec<usize> = reqs.iter().map(|q| q.max_drafts.clamp(1, cfg.gamma)).collect();
         let mut starts = Vec::with_capacity(ns.len());
         let mut total = 0usize;
@@ -518,8 +518,8 @@ impl DSparkDrafter {
             parts.push(block.slice_axis(0, s as i32, s as i32 + 1)?.slice_axis(1, 0, n as i32)?.squeeze(0)?);
         }
         let rows = concatenate(&parts, 0)?; // [Σn, D]
-        // The backbone needs the whole block (its attention is bidirectional), but only the
-        // wanted rows go through the target's LM head, the largest matmul of a round.
+                                            // The backbone needs the whole block (its attention is bidirectional), but only the
+                                            // wanted rows go through the target's LM head, the largest matmul of a round.
         let to_target = w.out_proj.matmul_t(&rows)?.astype(target.dtype())?;
         let u = target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?; // [Σn, V]
         let (w1, w2) = (&w.markov_w1, &w.markov_w2);
@@ -606,6 +606,12 @@ impl DSparkDrafter {
             });
         }
         Ok(out)
+    }
+
+    /// Whether `other` shares this drafter's weights (a fork of the same loaded drafter), so
+    /// their proposals can run in one batched forward.
+    pub fn shares_weights(&self, other: &DSparkDrafter) -> bool {
+        Arc::ptr_eq(&self.w, &other.w)
     }
 
     /// This drafter's weights and settings without its parameter map or context (what a
