@@ -47,8 +47,10 @@ pub struct EngineConfig {
     pub drafter_dir: Option<PathBuf>,
     /// Sessions decoded at once (each speculative one holds its own drafter).
     pub max_concurrency: usize,
-    /// Prefill chunk size; also the grid the prompt cache reuses prefixes on.
-    pub prefill_step: usize,
+    /// Prefill chunk size, the grid prompts are prefilled on (one chunk per iteration while
+    /// other sessions decode) and the prompt cache reuses prefixes on; `None`: chosen at load
+    /// ([`auto_prefill_step`]).
+    pub prefill_step: Option<usize>,
     /// Prefix states the prompt cache keeps (0 turns it off).
     pub prompt_cache: usize,
     /// Drafts per round (`None`: the drafter's block size).
@@ -66,7 +68,7 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// Defaults for `model_dir`: plain decoding, 4 sessions, 2048-token prefill chunks, a
+    /// Defaults for `model_dir`: plain decoding, 4 sessions, prefill chunks chosen at load, a
     /// prompt cache of 8 states, the checkpoint's own dtype.
     pub fn new(model_dir: PathBuf, model_id: String) -> EngineConfig {
         EngineConfig {
@@ -74,7 +76,7 @@ impl EngineConfig {
             model_id,
             drafter_dir: None,
             max_concurrency: 4,
-            prefill_step: 2048,
+            prefill_step: None,
             prompt_cache: 8,
             gamma: None,
             dtype: ComputeDtype::Stored,
@@ -105,10 +107,56 @@ pub struct ModelInfo {
     pub template: Option<ChatTemplate>,
     /// Whether a drafter was given, so requests decode speculatively.
     pub speculative: bool,
-    /// Prefill chunk size in tokens (at least 1), copied into each request.
-    pub prefill_step: usize,
+    /// Prefill chunk size in tokens (at least 1), copied into each request: set once the
+    /// model is loaded ([`Self::prefill_step`]).
+    pub prefill_step: std::sync::OnceLock<usize>,
     /// Drafts per round copied into each request (`None`: the drafter's block size).
     pub gamma: Option<usize>,
+}
+
+impl ModelInfo {
+    /// Prefill chunk size in tokens, copied into each request (2048 before the engine loaded).
+    pub fn prefill_step(&self) -> usize {
+        self.prefill_step.get().copied().unwrap_or(2048)
+    }
+}
+
+/// The prefill grid for an engine: the largest chunk (a power of two from 32 to 2048 tokens)
+/// whose forward costs at most two decode steps, measured on this model (after 64 tokens of
+/// context, best of three): a request prefilling between decode iterations then at most
+/// triples the gap between the tokens of the sessions already running.
+pub fn auto_prefill_step(model: &Model) -> Result<usize> {
+    let vocab = model.config().vocab_size as u32;
+    let ids = |n: usize| -> Result<mlx_core::Array> {
+        let v: Vec<u32> = (0..n as u32).map(|i| 4 + (i * 7919) % (vocab.max(5) - 4)).collect();
+        Ok(gemma4::generate::ids_array(&v)?)
+    };
+    let context = model.new_cache();
+    let mut context = context;
+    model.forward(&ids(64)?, Some(&mut context))?;
+    context.eval()?;
+    let time = |n: usize| -> Result<f64> {
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let mut c = context.clone();
+            let t = Instant::now();
+            model.forward(&ids(n)?, Some(&mut c))?.eval()?;
+            c.eval()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    };
+    let step = time(1)?;
+    let mut chosen = 32;
+    let mut n = 32;
+    while n <= 2048 && n + 64 <= model.config().max_position_embeddings {
+        if time(n)? > 2.0 * step {
+            break;
+        }
+        chosen = n;
+        n *= 2;
+    }
+    Ok(chosen)
 }
 
 /// What a session sends back.
@@ -226,7 +274,7 @@ impl Engine {
             tokenizer,
             template,
             speculative: cfg.drafter_dir.is_some(),
-            prefill_step: cfg.prefill_step.max(1),
+            prefill_step: std::sync::OnceLock::new(),
             gamma: cfg.gamma,
         });
         let (tx, rx) = mpsc::channel::<Job>();
@@ -424,7 +472,20 @@ fn worker(
     rx: Receiver<Job>,
     ready: mpsc::SyncSender<Result<()>>,
 ) {
-    let Loaded { model, mut drafters, plans, batch_cost } = match guarded(|| load(&cfg)) {
+    let loaded = guarded(|| {
+        let l = load(&cfg)?;
+        let step = match cfg.prefill_step {
+            Some(s) => s.max(1),
+            None => {
+                let s = auto_prefill_step(&l.model)?;
+                tracing::info!("prefill chunks of {s} tokens (a chunk costs at most two decode steps; --prefill-step sets it)");
+                s
+            }
+        };
+        let _ = info.prefill_step.set(step);
+        Ok(l)
+    });
+    let Loaded { model, mut drafters, plans, batch_cost } = match loaded {
         Ok(m) => {
             let _ = ready.send(Ok(()));
             m
@@ -492,7 +553,7 @@ fn worker(
         // Prefill: one chunk of the prefill grid per iteration while sessions decode (a long
         // prompt then delays their next step by one chunk, not by its whole prefill), up to
         // the prefill step in tokens across requests; everything at once when none decodes.
-        let mut budget = cfg.prefill_step.max(1);
+        let mut budget = info.prefill_step();
         while let Some(mut a) = starting.pop_front() {
             if a.job.events.is_closed() {
                 tracing::info!(request = %a.job.label, "cancelled while prefilling");

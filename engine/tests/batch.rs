@@ -59,7 +59,7 @@ fn alone_and_batched(m: &Model, reqs: &[(Request, bool)], cost: Option<BatchCost
             Done { tokens: o.tokens, finish: o.finish, stats: o.speculation }
         })
         .collect();
-    let mut sessions: Vec<Option<Session>> = reqs
+    let mut sessions: Vec<Option<Session<'_, '_>>> = reqs
         .iter()
         .zip(&mut drafters)
         .map(|((r, _), d)| Some(Session::start(m, d.as_deref_mut(), r, None, None).unwrap()))
@@ -72,7 +72,7 @@ fn alone_and_batched(m: &Model, reqs: &[(Request, bool)], cost: Option<BatchCost
             break;
         }
         let outs = {
-            let mut members: Vec<Member> = sessions
+            let mut members: Vec<Member<'_, '_, '_>> = sessions
                 .iter_mut()
                 .zip(drafters.iter_mut())
                 .filter_map(|(s, d)| s.as_mut().map(|s| Member { session: s, drafter: d.as_deref_mut() }))

@@ -34,9 +34,11 @@ pub struct Args {
     /// Prompt prefix states kept for reuse (0 turns the prompt cache off).
     #[arg(long, default_value_t = 8)]
     prompt_cache: usize,
-    /// Prefill chunk size in tokens (the prompt cache reuses prefixes on this grid).
-    #[arg(long, default_value_t = 2048)]
-    prefill_step: usize,
+    /// Prefill chunk size in tokens: prompts are prefilled one chunk per engine iteration while
+    /// other requests decode, and the prompt cache reuses prefixes on this grid (default: the
+    /// largest chunk costing at most two decode steps, measured at start).
+    #[arg(long)]
+    prefill_step: Option<usize>,
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = crate::DEFAULT_BODY_LIMIT)]
     max_body_bytes: usize,
@@ -78,7 +80,7 @@ pub fn run(a: Args, on_listening: impl FnOnce(SocketAddr)) -> Result<()> {
     if a.max_concurrency == 0 {
         return Err(refuse("--max-concurrency", "must be at least 1"));
     }
-    if a.prefill_step == 0 {
+    if a.prefill_step == Some(0) {
         return Err(refuse("--prefill-step", "must be at least 1"));
     }
     if a.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {

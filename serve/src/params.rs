@@ -368,7 +368,7 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
         max_tokens,
         sampler,
         seed,
-        prefill_step: info.prefill_step,
+        prefill_step: info.prefill_step(),
         stop_tokens: info.stop_tokens.clone(),
     };
     Ok(Parsed {
@@ -521,7 +521,7 @@ mod tests {
             tokenizer: None,
             template: None,
             speculative: false,
-            prefill_step: 16,
+            prefill_step: std::sync::OnceLock::from(16),
             gamma: None,
         };
         let parse_ids = |body: &str| parse(Endpoint::Completions, body.as_bytes(), &info);

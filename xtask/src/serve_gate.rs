@@ -106,6 +106,8 @@ fn launch(server_bin: &Path, home: &Path, model_args: &[&str]) -> Result<(Server
         .env("DSPARK_HOME", home)
         .args(model_args)
         .args(["--host", "127.0.0.1", "--port", "0", "--max-concurrency", "4"])
+        // `dspark generate`'s prefill grid, so long prompts are prefilled in the same chunks.
+        .args(["--prefill-step", "2048"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
