@@ -1,7 +1,10 @@
 use gemma4::{ComputeDtype, Model};
 use std::time::Instant;
 fn main() {
-    let dir = std::env::args().nth(1).map(std::path::PathBuf::from).unwrap_or_else(|| engine::default_model::ensure(false).unwrap());
+    let dir = std::env::args()
+        .nth(1)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| engine::default_model::ensure(false).unwrap());
     let (m, _) = Model::load_as(&dir, ComputeDtype::Auto, mlx_core::Device::Cpu).unwrap();
     for n in [1usize, 16, 32, 64, 128, 256, 512] {
         let ids: Vec<u32> = (0..n as u32).map(|i| 4 + i * 7 % 4000).collect();

@@ -21,6 +21,7 @@ use mlx_core::{concatenate, Array};
 use spec_decode::schedule::batch::{batch_windows, BatchCost, Offer};
 use spec_decode::Drafter;
 
+pub use crate::batch_schedule::BatchSchedule;
 use crate::error::{Error, Result};
 use crate::session::{Prepared, Proposal, Rows, Session, StepOut};
 use spec_decode::Drafting;
@@ -37,42 +38,6 @@ pub struct Member<'a, 'm, 't> {
     pub drafter: Option<&'a mut (dyn Drafter + 'static)>,
 }
 
-/// How a batch chooses its windows, and what it has achieved so far.
-#[derive(Clone, Debug, Default)]
-pub struct BatchSchedule {
-    /// The cost of a forward over n rows, in one-row decode steps; `None`: every session keeps
-    /// its own rule's window.
-    pub cost: Option<BatchCost>,
-    /// Tokens emitted over the steps so far, and their cost in decode steps: the batch's rate,
-    /// the price a draft must pay for its row.
-    tokens: f64,
-    spent: f64,
-    steps: usize,
-}
-
-impl BatchSchedule {
-    /// A schedule pricing rows by `cost`.
-    pub fn new(cost: Option<BatchCost>) -> BatchSchedule {
-        BatchSchedule { cost, ..Default::default() }
-    }
-
-    /// Tokens per decode step of time achieved (after two steps; before, each step's own
-    /// expected ratio prices its drafts).
-    fn rate(&self) -> Option<f64> {
-        (self.steps >= 2 && self.spent > 0.0).then(|| self.tokens / self.spent)
-    }
-
-    fn record(&mut self, tokens: usize, rows: usize) {
-        if let Some(c) = &self.cost {
-            // Old steps fade, so the price follows the load as sessions come and go.
-            const KEEP: f64 = 0.9;
-            self.tokens = self.tokens * KEEP + tokens as f64;
-            self.spent = self.spent * KEEP + c.at(rows);
-            self.steps += 1;
-        }
-    }
-}
-
 /// One step of every member (see the module docs): one output per member, in order.
 pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut BatchSchedule) -> Vec<Result<StepOut>> {
     let n = members.len();
@@ -81,8 +46,12 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
     // 1. Drafts: DSpark drafters propose for many sessions in one forward.
     let mut proposals: Vec<Option<Proposal>> = (0..n).map(|_| None).collect();
     let mut drafting: Vec<Option<Drafting>> = (0..n).map(|_| None).collect();
+    let t_step = std::time::Instant::now();
     for (i, m) in members.iter_mut().enumerate() {
-        match m.session.prepare(m.drafter.as_deref()) {
+        // The schedule may find that drafting does not pay for this session now.
+        let s = &m.session;
+        let cap = (s.batch_scheduled() && !schedule.drafts(s.expected_accepted(), s.idle(), n)).then_some(0);
+        match m.session.prepare(m.drafter.as_deref(), cap) {
             Ok(Prepared::Ended) => outs[i] = Some(Ok(m.session.ended())),
             Ok(Prepared::Plain) => proposals[i] = Some(Proposal::Plain),
             Ok(Prepared::Draft(d)) if d.max_drafts == 0 => {
@@ -95,9 +64,9 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
             Err(e) => outs[i] = Some(Err(e)),
         }
     }
-    let tt0 = std::time::Instant::now();
+    let t_draft = std::time::Instant::now();
+    let drafted = drafting.iter().filter(|d| d.is_some()).count();
     draft_all(members, &mut drafting, &mut proposals, &mut outs);
-    let tt1 = std::time::Instant::now();
 
     // Every session's drafts evaluated in one pass, then read.
     let pending: Vec<&Array> = proposals.iter().flatten().flat_map(Proposal::pending).collect();
@@ -111,10 +80,7 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
             }
         }
     }
-    let tt2 = std::time::Instant::now();
-    if std::env::var("DSPARK_TIMING").is_ok() {
-        eprintln!("draft build {:.2} eval {:.2}", (tt1 - tt0).as_secs_f64() * 1e3, (tt2 - tt1).as_secs_f64() * 1e3);
-    }
+    let draft_ms = t_draft.elapsed().as_secs_f64() * 1e3;
     for (i, p) in proposals.iter_mut().enumerate() {
         if let Some(prop) = p {
             if let Err(e) = members[i].session.read(prop) {
@@ -166,6 +132,7 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
     // 3. Forwards of at most MAX_ROWS rows, in member order; 4. each session concludes.
     let mut group: Vec<usize> = Vec::new();
     let mut group_rows = 0;
+    let (mut forwards, mut forward_ms, mut emitted_all) = (Vec::new(), 0.0, 0);
     let live: Vec<usize> = (0..n).filter(|&i| rows[i].is_some()).collect();
     for (k, &i) in live.iter().enumerate() {
         let len = rows[i].as_ref().map_or(0, Rows::len);
@@ -173,12 +140,20 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
         group_rows += len;
         let next = live.get(k + 1).and_then(|&j| rows[j].as_ref()).map_or(0, Rows::len);
         if k + 1 == live.len() || group_rows + next > MAX_ROWS {
-            let emitted = run_group(target, members, &mut rows, &group, &mut outs);
-            schedule.record(emitted, group_rows);
+            let (emitted, fwd_ms) = run_group(target, members, &mut rows, &group, &mut outs);
+            forwards.push(group_rows);
+            forward_ms += fwd_ms;
+            emitted_all += emitted;
             group.clear();
             group_rows = 0;
         }
     }
+    let step_ms = t_step.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(
+        "step: {n} sessions, {drafted} drafting ({draft_ms:.1} ms), forwards of {forwards:?} rows ({forward_ms:.1} ms), \
+         {emitted_all} tokens in {step_ms:.1} ms"
+    );
+    schedule.record(emitted_all, step_ms, drafted, draft_ms, &forwards, forward_ms);
     outs.into_iter().map(|o| o.unwrap_or_else(|| Err(Error::Batch("a session got no step".into())))).collect()
 }
 
@@ -303,14 +278,14 @@ impl ShiftedCost<'_> {
 }
 
 /// One forward over the rows of `group`, then each member's verdict. Returns the tokens
-/// emitted.
+/// emitted and the forward's milliseconds (building and evaluating it).
 fn run_group(
     target: &Model,
     members: &mut [Member<'_, '_, '_>],
     rows: &mut [Option<Rows>],
     group: &[usize],
     outs: &mut [Option<Result<StepOut>>],
-) -> usize {
+) -> (usize, f64) {
     let mut forward = || -> Result<(Array, Option<Array>)> {
         let tokens: Vec<&Array> = group.iter().filter_map(|&i| rows[i].as_ref().map(Rows::tokens)).collect();
         let lens: Vec<usize> = group.iter().filter_map(|&i| rows[i].as_ref().map(Rows::len)).collect();
@@ -334,12 +309,14 @@ fn run_group(
         Ok((logits, out.taps))
     };
     let t0 = std::time::Instant::now();
-    let fwd = forward();
-    let t1 = std::time::Instant::now();
-    if let Ok((l, _)) = &fwd {
-        let _ = l.eval();
-    }
-    let t2 = std::time::Instant::now();
+    // Evaluated here, so the forward's time is measured apart from the verdicts'.
+    let fwd = forward().and_then(|(l, t)| {
+        let mut all = vec![&l];
+        all.extend(t.as_ref());
+        mlx_core::eval(&all)?;
+        Ok((l, t))
+    });
+    let forward_ms = t0.elapsed().as_secs_f64() * 1e3;
     let (logits, taps) = match fwd {
         Ok(x) => x,
         Err(e) => {
@@ -347,7 +324,7 @@ fn run_group(
             for &i in group {
                 outs[i] = Some(Err(Error::Batch(msg.clone())));
             }
-            return 0;
+            return (0, forward_ms);
         }
     };
     let mut emitted = 0;
@@ -367,13 +344,5 @@ fn run_group(
         outs[i] = Some(out);
         start += len;
     }
-    if std::env::var("DSPARK_TIMING").is_ok() {
-        eprintln!(
-            "build {:.2} eval {:.2} conclude {:.2}",
-            (t1 - t0).as_secs_f64() * 1e3,
-            (t2 - t1).as_secs_f64() * 1e3,
-            t2.elapsed().as_secs_f64() * 1e3
-        );
-    }
-    emitted
+    (emitted, forward_ms)
 }

@@ -478,7 +478,9 @@ fn worker(
             Some(s) => s.max(1),
             None => {
                 let s = auto_prefill_step(&l.model)?;
-                tracing::info!("prefill chunks of {s} tokens (a chunk costs at most two decode steps; --prefill-step sets it)");
+                tracing::info!(
+                    "prefill chunks of {s} tokens (a chunk costs at most two decode steps; --prefill-step sets it)"
+                );
                 s
             }
         };
@@ -502,6 +504,8 @@ fn worker(
     let mut active: Vec<Active<'_, '_>> = Vec::new();
     let mut starting: std::collections::VecDeque<Admitting<'_>> = std::collections::VecDeque::new();
     let mut schedule = BatchSchedule::new(batch_cost);
+    // The last batched step's wall time: the prefill done between steps is bounded by it.
+    let mut last_step_ms = 0.0f64;
     // Drafter slots not in use (a plain engine has no drafters; its sessions use slot 0).
     let mut free: Vec<usize> = (0..cfg.max_concurrency).rev().collect();
     loop {
@@ -550,10 +554,11 @@ fn worker(
                 }
             }
         }
-        // Prefill: one chunk of the prefill grid per iteration while sessions decode (a long
-        // prompt then delays their next step by one chunk, not by its whole prefill), up to
-        // the prefill step in tokens across requests; everything at once when none decodes.
-        let mut budget = info.prefill_step();
+        // Prefill in chunks of the prefill grid while sessions decode, for about two of their
+        // steps' time per iteration (at least one chunk), so a long prompt delays their next
+        // token by a bounded time rather than by its whole prefill; everything at once when
+        // none decodes.
+        let t_prefill = Instant::now();
         while let Some(mut a) = starting.pop_front() {
             if a.job.events.is_closed() {
                 tracing::info!(request = %a.job.label, "cancelled while prefilling");
@@ -562,12 +567,10 @@ fn worker(
                 free.push(a.slot);
                 continue;
             }
-            let before = a.starting.remaining();
             let result = guarded(|| {
                 let done = a.starting.advance(model)?;
                 Ok(done || active.is_empty())
             });
-            budget = budget.saturating_sub(before - a.starting.remaining());
             match result {
                 Ok(true) => {
                     let Admitting { job, starting: s, slot, t0 } = a;
@@ -592,7 +595,7 @@ fn worker(
                     free.push(a.slot);
                 }
             }
-            if budget == 0 && !active.is_empty() {
+            if !active.is_empty() && t_prefill.elapsed().as_secs_f64() * 1e3 >= 2.0 * last_step_ms {
                 break;
             }
         }
@@ -626,7 +629,10 @@ fn worker(
                 .map(|(a, d)| Member { session: &mut a.session, drafter: d.map(|d| d.as_mut()) })
                 .collect();
             let count = members.len();
-            match catch_unwind(AssertUnwindSafe(|| batch::step(model, &mut members, &mut schedule))) {
+            let t_step = Instant::now();
+            let outs = catch_unwind(AssertUnwindSafe(|| batch::step(model, &mut members, &mut schedule)));
+            last_step_ms = t_step.elapsed().as_secs_f64() * 1e3;
+            match outs {
                 Ok(outs) => outs,
                 Err(p) => {
                     let msg = panic_message(p);

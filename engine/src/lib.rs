@@ -19,6 +19,7 @@
 #[cfg(feature = "clap")]
 pub mod args;
 pub mod batch;
+mod batch_schedule;
 pub mod chat;
 pub mod default_model;
 pub mod engine;

@@ -167,6 +167,8 @@ pub struct Session<'m, 't> {
     target: &'m Model,
     decoding: Decoding,
     seeded: bool,
+    /// Steps since the session last drafted (a batch schedule may hold its drafts back).
+    idle: usize,
     text: Option<TextStream<'t>>,
     tokens: Vec<u32>,
     finish: Option<FinishReason>,
@@ -215,6 +217,7 @@ impl<'m, 't> Session<'m, 't> {
             target,
             decoding,
             seeded: req.seeded,
+            idle: 0,
             text: tok.map(|t| TextStream::keeping(t, &req.stop, &req.kept_tokens)),
             tokens: Vec::new(),
             finish: None,
@@ -240,7 +243,7 @@ impl<'m, 't> Session<'m, 't> {
     /// ended (it reached `max_tokens`: [`Self::finished`] says so). A batch drafts for several
     /// sessions at once with [`Self::prepare`], [`Self::draft_request`] and [`Self::proposed`].
     pub fn propose(&mut self, mut drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<Option<Proposal>> {
-        let d = match self.prepare(drafter.as_deref())? {
+        let d = match self.prepare(drafter.as_deref(), None)? {
             Prepared::Ended => return Ok(None),
             Prepared::Plain => return Ok(Some(Proposal::Plain)),
             Prepared::Draft(d) => d,
@@ -254,11 +257,11 @@ impl<'m, 't> Session<'m, 't> {
     }
 
     /// Before a step's drafts: whether the session has ended, takes a plain step, or drafts
-    /// (with how many drafts it may propose).
-    pub fn prepare(&mut self, drafter: Option<&(dyn Drafter + 'static)>) -> Result<Prepared> {
+    /// (with how many drafts it may propose: at most `cap` when given).
+    pub fn prepare(&mut self, drafter: Option<&(dyn Drafter + 'static)>, cap: Option<usize>) -> Result<Prepared> {
         let p = match (&mut self.decoding, drafter) {
             _ if self.finish.is_some() => Prepared::Ended,
-            (Decoding::Spec(r), Some(d)) => match r.prepare(d)? {
+            (Decoding::Spec(r), Some(d)) => match r.prepare(d, cap)? {
                 Some(d) => Prepared::Draft(d),
                 None => Prepared::Ended,
             },
@@ -268,6 +271,10 @@ impl<'m, 't> Session<'m, 't> {
             }
             (Decoding::Plain(p), None) if p.at_length() => Prepared::Ended,
             (Decoding::Plain(_), None) => Prepared::Plain,
+        };
+        self.idle = match &p {
+            Prepared::Draft(d) if d.max_drafts > 0 => 0,
+            _ => self.idle + 1,
         };
         if matches!(p, Prepared::Ended) && self.finish.is_none() {
             self.finish = Some(FinishReason::Length);
@@ -302,14 +309,36 @@ impl<'m, 't> Session<'m, 't> {
         }
     }
 
+    /// Whether a batch schedule may choose this session's windows and whether it drafts: it
+    /// runs the throughput schedule, and its output is not a seeded sample (see
+    /// [`Request::seeded`]).
+    pub fn batch_scheduled(&self) -> bool {
+        match &self.decoding {
+            Decoding::Spec(r) => r.throughput_scheduled() && (r.is_greedy() || !self.seeded),
+            Decoding::Plain(_) => false,
+        }
+    }
+
+    /// Steps since the session last drafted.
+    pub fn idle(&self) -> usize {
+        self.idle
+    }
+
+    /// Drafts accepted per speculative round so far, with one optimistic round of a whole
+    /// accepted draft before any (what a batch expects of this session's next round).
+    pub fn expected_accepted(&self) -> f64 {
+        match &self.decoding {
+            Decoding::Spec(r) => (r.stats().accepted as f64 + 1.0) / (r.stats().rounds as f64 + 1.0),
+            Decoding::Plain(_) => 0.0,
+        }
+    }
+
     /// Calibrated survivals of the proposed drafts, when a batch schedule may choose this
     /// session's window: it runs the throughput schedule, and its output is not a seeded sample
     /// (see [`Request::seeded`]).
     pub fn offer(&self, p: &Proposal) -> Option<Vec<f32>> {
         match (&self.decoding, p) {
-            (Decoding::Spec(r), Proposal::Spec(p)) if r.throughput_scheduled() && (r.is_greedy() || !self.seeded) => {
-                r.survivals(p)
-            }
+            (Decoding::Spec(r), Proposal::Spec(p)) if self.batch_scheduled() => r.survivals(p),
             _ => None,
         }
     }

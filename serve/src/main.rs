@@ -19,8 +19,15 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
-    // Log lines on stderr; stdout carries only the address line.
+    // Log lines on stderr; stdout carries only the address line. `DSPARK_LOG=debug` adds the
+    // engine's per-step line (sessions, drafting, forward rows and times).
+    let level = match std::env::var("DSPARK_LOG").as_deref() {
+        Ok("debug") => tracing::Level::DEBUG,
+        Ok("warn") => tracing::Level::WARN,
+        _ => tracing::Level::INFO,
+    };
     tracing_subscriber::fmt()
+        .with_max_level(level)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)

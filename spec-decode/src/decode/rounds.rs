@@ -236,7 +236,7 @@ impl SpecRounds {
     /// batch can evaluate every request's drafts at once ([`Proposed::pending`]) before
     /// [`Self::read_confidences`].
     pub fn draft_lazily(&mut self, target: &Model, drafter: &mut dyn Drafter) -> Result<Option<Proposed>> {
-        let Some(d) = self.prepare(drafter)? else { return Ok(None) };
+        let Some(d) = self.prepare(drafter, None)? else { return Ok(None) };
         let p = match d.max_drafts {
             0 => None,
             _ => Some(drafter.propose(self.draft_request(target, &d))?),
@@ -245,10 +245,12 @@ impl SpecRounds {
     }
 
     /// Before a round's drafts: `None` when the request has reached `max_tokens` (it has then
-    /// ended); else the anchor and how many drafts the round may propose (0: a plain step).
-    /// The drafts then come from the drafter with [`Self::draft_request`] (alone, or batched
-    /// with other requests'), and [`Self::proposed`] checks them.
-    pub fn prepare(&mut self, drafter: &dyn Drafter) -> Result<Option<Drafting>> {
+    /// ended); else the anchor and how many drafts the round may propose (0: a plain step),
+    /// at most `cap` when given (a batch schedule that found drafting does not pay this step;
+    /// decided before any draft is seen, so exactness is untouched). The drafts then come from
+    /// the drafter with [`Self::draft_request`] (alone, or batched with other requests'), and
+    /// [`Self::proposed`] checks them.
+    pub fn prepare(&mut self, drafter: &dyn Drafter, cap: Option<usize>) -> Result<Option<Drafting>> {
         if self.finish.is_some() {
             return Ok(None);
         }
@@ -257,7 +259,8 @@ impl SpecRounds {
             return Ok(None);
         }
         self.check_aligned(drafter)?;
-        Ok(Some(Drafting { anchor: Array::from_slice(&[self.pending], &[1])?, max_drafts: self.max_drafts() }))
+        let max_drafts = self.max_drafts().min(cap.unwrap_or(usize::MAX));
+        Ok(Some(Drafting { anchor: Array::from_slice(&[self.pending], &[1])?, max_drafts }))
     }
 
     /// What the drafter is asked for this round (under sampling it draws with this request's

@@ -91,6 +91,12 @@ pub struct DSparkDrafter {
     /// Dense parameters by name, as loaded or initialised (what `save` writes).
     params: BTreeMap<String, Array>,
     ctx: Option<ContextCache>,
+    /// Committed tapped rows not yet projected into the context // each `[1, k, m·H]`: a
+    /// commit only stores them, and the next proposal projects every stored row at once (for
+    /// all the requests of a batched proposal together), so rounds that do not draft cost no
+    /// projection of their own.
+    unprojected: Vec<Array>,
+    unprojected_len: usize,
 }
 
 impl Weights {
@@ -164,7 +170,17 @@ impl DSparkDrafter {
     ) -> Result<Self> {
         params.retain(|n, _| !quantized.contains_key(n));
         let w = Arc::new(Weights::build(&cfg, &params, &quantized)?);
-        Ok(DSparkDrafter { cfg, dims, target_id, taps, w, params, ctx: None })
+        Ok(DSparkDrafter {
+            cfg,
+            dims,
+            target_id,
+            taps,
+            w,
+            params,
+            ctx: None,
+            unprojected: Vec::new(),
+            unprojected_len: 0,
+        })
     }
 
     /// True if any matrix is quantized.
@@ -487,6 +503,7 @@ impl DSparkDrafter {
         }
         let (w, cfg) = (Arc::clone(&lead.w), lead.cfg.clone());
         let me = lead.shell();
+        me.project_unprojected(group)?;
         let target = reqs[0].target;
         let anchors: Vec<&Array> = reqs.iter().map(|q| q.anchor).collect();
         let anchors = concatenate(&anchors, 0)?; // [R]
@@ -608,6 +625,57 @@ impl DSparkDrafter {
         Ok(out)
     }
 
+    /// Projects the rows every drafter of `group` has committed since its last proposal into
+    /// its context, several drafters' rows in one projection (each row's projection reads only
+    /// that row). A projection holds at most the row kernels' bound of rows (more than that
+    /// only for one drafter's own long backlog), so a row gets the bits it gets projected alone.
+    fn project_unprojected(&self, group: &mut [&mut DSparkDrafter]) -> Result<()> {
+        let bound = mlx_core::blas::ROW_LINEAR_MAX_ROWS;
+        let mut batch: Vec<usize> = Vec::new();
+        let mut rows = 0;
+        for s in 0..=group.len() {
+            let k = group.get(s).map_or(0, |d| d.unprojected_len);
+            let end = s == group.len();
+            if !batch.is_empty() && (end || rows + k > bound) {
+                self.project_batch(group, &batch)?;
+                batch.clear();
+                rows = 0;
+            }
+            if !end && k > 0 {
+                batch.push(s);
+                rows += k;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::project_unprojected`] for the drafters `owners` of `group`, in one projection.
+    fn project_batch(&self, group: &mut [&mut DSparkDrafter], owners: &[usize]) -> Result<()> {
+        let rows: Vec<&Array> = owners.iter().flat_map(|&s| group[s].unprojected.iter()).collect();
+        let all = concatenate(&rows, 1)?; // [1, Σk, m·H]
+        let kv = self.project_context(&all)?; // per layer [1, h, Σk, hd]
+        let mut start = 0i32;
+        for &s in owners {
+            let d = &mut *group[s];
+            let k = d.unprojected_len as i32;
+            let part = if owners.len() == 1 {
+                kv.clone()
+            } else {
+                kv.iter()
+                    .map(|l| {
+                        Ok(LayerKv { k: l.k.slice_axis(2, start, start + k)?, v: l.v.slice_axis(2, start, start + k)? })
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            };
+            let ctx = d.ctx.as_mut().ok_or_else(|| Error::Contract("dspark: commit before reset".into()))?;
+            ctx.append(part, k as usize)?;
+            d.unprojected.clear();
+            d.unprojected_len = 0;
+            start += k;
+        }
+        Ok(())
+    }
+
     /// Whether `other` shares this drafter's weights (a fork of the same loaded drafter), so
     /// their proposals can run in one batched forward.
     pub fn shares_weights(&self, other: &DSparkDrafter) -> bool {
@@ -633,6 +701,8 @@ impl DSparkDrafter {
             w: Arc::clone(&self.w),
             params: if params { self.params.clone() } else { BTreeMap::new() },
             ctx: None,
+            unprojected: Vec::new(),
+            unprojected_len: 0,
         }
     }
 }
@@ -708,6 +778,8 @@ impl Drafter for DSparkDrafter {
 
     fn reset(&mut self, ctx: Option<&Array>, len: usize) -> Result<()> {
         self.ctx = None;
+        self.unprojected.clear();
+        self.unprojected_len = 0;
         let rows = ctx.ok_or_else(|| Error::Contract("dspark needs the tapped prompt context".into()))?;
         // The whole context, or with a window at least its last `w` rows.
         let given = rows.dim(1)?.max(0) as usize;
@@ -728,7 +800,7 @@ impl Drafter for DSparkDrafter {
     }
 
     fn context_len(&self) -> usize {
-        self.ctx.as_ref().map_or(0, ContextCache::len)
+        self.ctx.as_ref().map_or(0, ContextCache::len) + self.unprojected_len
     }
 
     fn propose(&mut self, req: DraftRequest<'_>) -> Result<Proposal> {
@@ -749,7 +821,13 @@ impl Drafter for DSparkDrafter {
         if rows.dim(1)? != k as i32 {
             return Err(Error::Contract(format!("commit of {k} rows got {:?}", rows.shape()?)));
         }
-        let kv = self.project_context(rows)?;
-        self.ctx.as_mut().ok_or_else(|| Error::Contract("dspark: commit before reset".into()))?.append(kv, k)
+        if self.ctx.is_none() {
+            return Err(Error::Contract("dspark: commit before reset".into()));
+        }
+        if k > 0 {
+            self.unprojected.push(rows.clone());
+            self.unprojected_len += k;
+        }
+        Ok(())
     }
 }
