@@ -47,11 +47,16 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
     let mut proposals: Vec<Option<Proposal>> = (0..n).map(|_| None).collect();
     let mut drafting: Vec<Option<Drafting>> = (0..n).map(|_| None).collect();
     let t_step = std::time::Instant::now();
+    // The schedule may find that drafting does not pay for some sessions now.
+    let scheduled: Vec<usize> = (0..n).filter(|&i| members[i].session.batch_scheduled()).collect();
+    let offers: Vec<(f64, usize)> =
+        scheduled.iter().map(|&i| (members[i].session.expected_accepted(), members[i].session.idle())).collect();
+    let mut caps: Vec<Option<usize>> = vec![None; n];
+    for (&i, draft) in scheduled.iter().zip(schedule.drafting(&offers, n)) {
+        caps[i] = (!draft).then_some(0);
+    }
     for (i, m) in members.iter_mut().enumerate() {
-        // The schedule may find that drafting does not pay for this session now.
-        let s = &m.session;
-        let cap = (s.batch_scheduled() && !schedule.drafts(s.expected_accepted(), s.idle(), n)).then_some(0);
-        match m.session.prepare(m.drafter.as_deref(), cap) {
+        match m.session.prepare(m.drafter.as_deref(), caps[i]) {
             Ok(Prepared::Ended) => outs[i] = Some(Ok(m.session.ended())),
             Ok(Prepared::Plain) => proposals[i] = Some(Proposal::Plain),
             Ok(Prepared::Draft(d)) if d.max_drafts == 0 => {

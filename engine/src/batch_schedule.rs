@@ -50,8 +50,10 @@ pub struct BatchSchedule {
     per_unit: Fading,
     /// Tokens per millisecond of whole steps (the drafting price).
     per_ms: Fading,
-    /// Milliseconds of drafting per drafting session.
-    draft_ms: Fading,
+    /// Milliseconds of a drafting phase with one session drafting.
+    draft_first: Fading,
+    /// Milliseconds each further drafting session adds.
+    draft_more: Fading,
     /// Milliseconds per unit of forward cost.
     unit_ms: Fading,
     steps: usize,
@@ -69,27 +71,43 @@ impl BatchSchedule {
         self.per_unit.mean().filter(|_| self.steps >= 2)
     }
 
-    /// Whether a session expected to get `expected` drafts accepted, which has not drafted for
-    /// `idle` steps, should draft this step, with `anchors` rows in the batch already: yes
-    /// unless the schedule has measured that its drafting and window cost more than they bring
-    /// at the batch's rate. Sessions always draft without a cost curve, before two steps were
-    /// measured, and after [`PROBE_AFTER`] steps without drafting.
-    pub fn drafts(&self, expected: f64, idle: usize, anchors: usize) -> bool {
-        if idle >= PROBE_AFTER {
-            return true;
-        }
-        let (Some(cost), Some(price), Some(draft), Some(unit)) =
-            (&self.cost, self.per_ms.mean(), self.draft_ms.mean(), self.unit_ms.mean())
+    /// Which of the sessions the schedule chooses for draft this step: `sessions[i]` =
+    /// (drafts it is expected to get accepted, steps since it last drafted), with `anchors` rows
+    /// in the batch already. The most promising sessions draft, as many as maximise expected
+    /// tokens less their cost at the batch's rate: the batched drafter forward (a fixed part
+    /// plus a part per session, as measured) and the rows each window adds. Every session
+    /// drafts without a cost curve or before two steps were measured, and a session idle for
+    /// [`PROBE_AFTER`] steps drafts again.
+    pub fn drafting(&self, sessions: &[(f64, usize)], anchors: usize) -> Vec<bool> {
+        let (Some(cost), Some(price), Some(unit), Some(first)) =
+            (&self.cost, self.per_ms.mean(), self.unit_ms.mean(), self.draft_first.mean())
         else {
-            return true;
+            return vec![true; sessions.len()];
         };
         if self.steps < 2 {
-            return true;
+            return vec![true; sessions.len()];
         }
-        // The window adds about the accepted drafts plus the first rejected one.
-        let rows = (expected + 1.0).ceil() as usize;
-        let window_ms = (cost.at(anchors + rows) - cost.at(anchors)) * unit;
-        expected > price * (draft + window_ms)
+        let more = self.draft_more.mean().unwrap_or(first);
+        let draft_ms = |k: usize| if k == 0 { 0.0 } else { first + more * (k - 1) as f64 };
+        let mut chosen: Vec<bool> = sessions.iter().map(|&(_, idle)| idle >= PROBE_AFTER).collect();
+        let forced = chosen.iter().filter(|&&c| c).count();
+        // Each window adds about the accepted drafts plus the first rejected one.
+        let window_ms = |e: f64| (cost.at(anchors + (e + 1.0).ceil() as usize) - cost.at(anchors)) * unit;
+        let mut order: Vec<usize> = (0..sessions.len()).filter(|&i| !chosen[i]).collect();
+        order.sort_by(|&a, &b| sessions[b].0.total_cmp(&sessions[a].0).then(a.cmp(&b)));
+        let (mut best, mut best_k, mut gain) = (0.0, 0, 0.0);
+        for (k, &i) in order.iter().enumerate() {
+            let e = sessions[i].0;
+            gain += e - price * window_ms(e);
+            let net = gain - price * (draft_ms(forced + k + 1) - draft_ms(forced));
+            if net > best {
+                (best, best_k) = (net, k + 1);
+            }
+        }
+        for &i in &order[..best_k] {
+            chosen[i] = true;
+        }
+        chosen
     }
 
     /// Records a step: `tokens` emitted in `step_ms`; `drafting` sessions drafted in `draft_ms`;
@@ -112,8 +130,11 @@ impl BatchSchedule {
         if step_ms > 0.0 {
             self.per_ms.add(tokens as f64, step_ms);
         }
-        if drafting > 0 {
-            self.draft_ms.add(draft_ms, drafting as f64);
+        match (drafting, self.draft_first.mean()) {
+            (0, _) => {}
+            (1, _) => self.draft_first.add(draft_ms, 1.0),
+            (k, Some(first)) => self.draft_more.add((draft_ms - first).max(0.0), (k - 1) as f64),
+            (k, None) => self.draft_first.add(draft_ms / k as f64, 1.0),
         }
         self.steps += 1;
     }
@@ -130,25 +151,28 @@ mod tests {
     #[test]
     fn drafts_until_measured() {
         let s = BatchSchedule::new(Some(curve()));
-        assert!(s.drafts(0.0, 0, 30));
-        assert!(BatchSchedule::new(None).drafts(0.0, 0, 30));
+        assert_eq!(s.drafting(&[(0.0, 0), (0.0, 0)], 30), vec![true, true]);
+        assert_eq!(BatchSchedule::new(None).drafting(&[(0.0, 0)], 30), vec![true]);
     }
 
     #[test]
-    fn a_weak_drafter_stops_drafting_when_the_batch_is_fast() {
+    fn the_most_promising_sessions_draft_while_they_pay() {
+        // Alone: 3 tokens a 10 ms step, 3 ms of it drafting, the forward 5 ms for 4 rows.
         let mut s = BatchSchedule::new(Some(curve()));
-        // One session: 3 tokens a 10 ms step, 3 ms of it drafting, the forward 5 ms for 4 rows.
         for _ in 0..5 {
             s.record(3, 10.0, 1, 3.0, &[4], 5.0);
         }
-        assert!(s.drafts(2.0, 0, 1), "alone, two accepted drafts pay for 3 ms of drafting");
-        // Sixteen sessions: 24 tokens a 20 ms step, 0.8 ms a drafting session.
+        assert_eq!(s.drafting(&[(2.0, 0)], 1), vec![true], "two accepted drafts pay for 3 ms of drafting");
+        // Sixteen sessions: 24 tokens a 20 ms step; drafting 1 ms for one session, +0.2 ms each.
         let mut busy = BatchSchedule::new(Some(curve()));
-        for _ in 0..5 {
-            busy.record(24, 20.0, 16, 12.8, &[32], 15.0);
+        for k in [1, 4, 1, 8, 1, 4] {
+            busy.record(24, 20.0, k, 1.0 + 0.2 * (k - 1) as f64, &[32], 15.0);
         }
-        assert!(!busy.drafts(0.5, 0, 16), "half a draft accepted does not pay at 1.2 tokens a millisecond");
-        assert!(busy.drafts(4.0, 0, 16), "four do");
-        assert!(busy.drafts(0.5, PROBE_AFTER, 16), "a session idle for long probes again");
+        // One likely session alone does not pay for the 1 ms forward; two share it.
+        assert_eq!(busy.drafting(&[(0.3, 0), (4.0, 0)], 16), vec![false, false]);
+        let got = busy.drafting(&[(0.3, 0), (4.0, 0), (0.2, 0), (3.5, 0)], 16);
+        assert_eq!(got, vec![false, true, false, true], "the two likely sessions share the fixed cost");
+        assert_eq!(busy.drafting(&[(0.3, 0), (0.2, PROBE_AFTER)], 16), vec![false, true], "an idle session probes");
+        assert_eq!(busy.drafting(&[(0.5, 0)], 16), vec![false], "half a draft does not pay for a forward");
     }
 }
