@@ -35,7 +35,7 @@ use spec_decode::{speculative_generate, Drafter, Pruning, SpecConfig};
 
 use crate::chisq;
 
-const ALPHA: f64 = 0.001;
+pub(crate) const ALPHA: f64 = 0.001;
 
 fn prompt(n: usize, vocab: u32) -> Vec<u32> {
     (0..n as u32).map(|i| 4 + (i * 37 + 11) % (vocab - 4)).collect()
@@ -434,12 +434,18 @@ fn dir_bytes(dir: &Path) -> u64 {
 }
 
 /// The exact joint law of the first two tokens, plus plain samples drawn as plain decoding does.
-struct PlainLaw {
-    joint: Vec<f64>,
-    samples: Vec<usize>,
+pub(crate) struct PlainLaw {
+    pub(crate) joint: Vec<f64>,
+    pub(crate) samples: Vec<usize>,
 }
 
-fn plain_law(model: &Model, prompt: &[u32], sampler: &SamplerConfig, n: usize, seed: u64) -> Result<PlainLaw> {
+pub(crate) fn plain_law(
+    model: &Model,
+    prompt: &[u32],
+    sampler: &SamplerConfig,
+    n: usize,
+    seed: u64,
+) -> Result<PlainLaw> {
     let v = model.config().vocab_size;
     let mut cache = model.new_cache();
     let logits1 = plain_prefill(model, &mut cache, prompt, 2048)?; // [1, V]
@@ -469,7 +475,7 @@ fn plain_law(model: &Model, prompt: &[u32], sampler: &SamplerConfig, n: usize, s
     Ok(PlainLaw { joint, samples })
 }
 
-fn counts(samples: &[usize], cells: usize) -> Vec<usize> {
+pub(crate) fn counts(samples: &[usize], cells: usize) -> Vec<usize> {
     let mut c = vec![0; cells];
     for &s in samples {
         c[s] += 1;
@@ -479,7 +485,7 @@ fn counts(samples: &[usize], cells: usize) -> Vec<usize> {
 
 /// Verify costs v(1..=4) for the scheduler conditions: one draft pays only when its
 /// confidence is above 0.5, a second one is nearly free.
-const SCHEDULE_COST: [f32; 4] = [1.0, 1.5, 1.6, 1.7];
+pub(crate) const SCHEDULE_COST: [f32; 4] = [1.0, 1.5, 1.6, 1.7];
 
 /// The scheduler gate's drafter: the first confidence is 0.4 (three rounds in four) or 0.8, a
 /// coin of its own per round; the second is 0.99 after a first draft in `favoured` and 0.01
@@ -488,7 +494,7 @@ const SCHEDULE_COST: [f32; 4] = [1.0, 1.5, 1.6, 1.7];
 /// verifies two after 0.4 when the first draft is favoured (Θ(2) = 1.796 / 1.6 > 1), so
 /// whether the first draft is verified then depends on its own value. With `favoured` = the
 /// tokens the drafter over-proposes (q > p), that bias is large: the test must catch it.
-fn scheduled_drafter<D: Drafter>(inner: D, favoured: Vec<u32>) -> ScriptedConfidence<D> {
+pub(crate) fn scheduled_drafter<D: Drafter>(inner: D, favoured: Vec<u32>) -> ScriptedConfidence<D> {
     let later = Box::new(move |t: u32| if favoured.contains(&t) { 0.99 } else { 0.01 });
     ScriptedConfidence::new(inner, vec![0.4, 0.4, 0.4, 0.8], later, 0x5c4ed)
 }
@@ -516,7 +522,7 @@ fn selective_law(p: &[f64], q: &[f64], set: &[usize]) -> Vec<f64> {
 /// proposes most over their target probability (prefixes in order of q / p), the one whose
 /// selective verification moves the first-token law furthest from p (χ² distance), so the
 /// look-ahead's bias is as visible as this pair allows.
-fn favoured_set(p: &[f64], q: &[f64]) -> Vec<u32> {
+pub(crate) fn favoured_set(p: &[f64], q: &[f64]) -> Vec<u32> {
     let mut order: Vec<usize> = (0..p.len()).filter(|&a| q[a] > 0.0).collect();
     order.sort_by(|&a, &b| (q[b] / p[b].max(1e-12)).total_cmp(&(q[a] / p[a].max(1e-12))));
     let distance = |set: &[usize]| -> f64 {
@@ -527,7 +533,7 @@ fn favoured_set(p: &[f64], q: &[f64]) -> Vec<u32> {
 }
 
 /// The law q of the first draft after the prefilled prompt, under `sampler` // `[V]`.
-fn first_draft_law(
+pub(crate) fn first_draft_law(
     model: &Model,
     drafter: &mut dyn Drafter,
     pre: &Prefilled,
@@ -725,6 +731,7 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
             failures.push(format!("T={temp} filters={filters} pruning={pruning:?}: vacuous, no draft was accepted"));
         }
     }
+    failures.extend(crate::distribution_batched::batched_conditions(&model, &cfg, &prompt, n)?);
     failures.extend(default_pair_distribution(n)?);
     if !failures.is_empty() {
         bail!("distribution-equality FAILED for: {}", failures.join(", "));

@@ -3,6 +3,7 @@
 
 mod bench;
 mod chisq;
+mod distribution_batched;
 mod gates;
 mod parity;
 mod repeats;

@@ -329,9 +329,10 @@ impl SpecRounds {
     }
 
     /// Whether the request runs the throughput schedule, so a batch schedule may choose its
-    /// window from [`Self::survivals`] instead of [`Self::own_window`].
+    /// window from [`Self::survivals`] instead of [`Self::own_window`] (not a look-ahead plan,
+    /// which only the statistical gate runs: it keeps its own biased window, to be caught).
     pub fn throughput_scheduled(&self) -> bool {
-        matches!(&self.cut, Some(Cut::Throughput(_)))
+        matches!(&self.cut, Some(Cut::Throughput(p)) if !p.is_look_ahead())
     }
 
     /// Whether the request decodes greedily (its output then does not depend on its windows).
