@@ -17,7 +17,7 @@ use spec_decode::schedule::batch::BatchCost;
 
 /// A session that has not drafted for this many steps drafts again, so its expected
 /// acceptance and the drafting cost stay measured as the load changes.
-pub const PROBE_AFTER: usize = 8;
+pub const PROBE_AFTER: usize = 16;
 
 /// Exponential forgetting of old steps, so the prices follow the load as sessions come and go.
 const KEEP: f64 = 0.9;

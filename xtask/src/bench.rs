@@ -185,7 +185,7 @@ const TRAINED_WINDOW: usize = 256;
 
 /// The mid-size (`quick`: small) random checkpoint in bf16 under `root`, written once: its name
 /// and directory.
-fn mid_checkpoint(root: &Path, quick: bool) -> Result<(&'static str, PathBuf)> {
+pub(crate) fn mid_checkpoint(root: &Path, quick: bool) -> Result<(&'static str, PathBuf)> {
     let name = if quick { "small-random" } else { "mid-random" };
     let mid = root.join(format!("{name}-bf16"));
     if !mid.join("config.json").is_file() {
