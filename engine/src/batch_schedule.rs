@@ -15,8 +15,9 @@
 
 use spec_decode::schedule::batch::BatchCost;
 
-/// A session that has not drafted for this many steps drafts again, so its expected
-/// acceptance and the drafting cost stay measured as the load changes.
+/// Every this many steps, the sessions that have not drafted for as long draft again, together
+/// (one drafter forward for all of them), so their expected acceptance and the drafting cost
+/// stay measured as the load changes.
 pub const PROBE_AFTER: usize = 16;
 
 /// Exponential forgetting of old steps, so the prices follow the load as sessions come and go.
@@ -76,8 +77,8 @@ impl BatchSchedule {
     /// in the batch already. The most promising sessions draft, as many as maximise expected
     /// tokens less their cost at the batch's rate: the batched drafter forward (a fixed part
     /// plus a part per session, as measured) and the rows each window adds. Every session
-    /// drafts without a cost curve or before two steps were measured, and a session idle for
-    /// [`PROBE_AFTER`] steps drafts again.
+    /// drafts without a cost curve or before two steps were measured, and sessions idle for
+    /// [`PROBE_AFTER`] steps draft again on every [`PROBE_AFTER`]th step.
     pub fn drafting(&self, sessions: &[(f64, usize)], anchors: usize) -> Vec<bool> {
         let (Some(cost), Some(price), Some(unit), Some(first)) =
             (&self.cost, self.per_ms.mean(), self.unit_ms.mean(), self.draft_first.mean())
@@ -89,7 +90,8 @@ impl BatchSchedule {
         }
         let more = self.draft_more.mean().unwrap_or(first);
         let draft_ms = |k: usize| if k == 0 { 0.0 } else { first + more * (k - 1) as f64 };
-        let mut chosen: Vec<bool> = sessions.iter().map(|&(_, idle)| idle >= PROBE_AFTER).collect();
+        let probe = self.steps.is_multiple_of(PROBE_AFTER);
+        let mut chosen: Vec<bool> = sessions.iter().map(|&(_, idle)| probe && idle >= PROBE_AFTER).collect();
         let forced = chosen.iter().filter(|&&c| c).count();
         // Each window adds about the accepted drafts plus the first rejected one.
         let window_ms = |e: f64| (cost.at(anchors + (e + 1.0).ceil() as usize) - cost.at(anchors)) * unit;
@@ -107,6 +109,12 @@ impl BatchSchedule {
         for &i in &order[..best_k] {
             chosen[i] = true;
         }
+        tracing::debug!(
+            "drafting: rate {price:.3} tok/ms, drafting {first:.2} ms + {more:.2} ms a session, {unit:.2} ms a cost unit, \
+             expected {:?} -> {best_k} of {} chosen",
+            sessions.iter().map(|s| (s.0 * 100.0).round() / 100.0).collect::<Vec<_>>(),
+            order.len()
+        );
         chosen
     }
 
@@ -172,7 +180,16 @@ mod tests {
         assert_eq!(busy.drafting(&[(0.3, 0), (4.0, 0)], 16), vec![false, false]);
         let got = busy.drafting(&[(0.3, 0), (4.0, 0), (0.2, 0), (3.5, 0)], 16);
         assert_eq!(got, vec![false, true, false, true], "the two likely sessions share the fixed cost");
-        assert_eq!(busy.drafting(&[(0.3, 0), (0.2, PROBE_AFTER)], 16), vec![false, true], "an idle session probes");
+        // Six steps recorded: not a probing step; then ten more make sixteen.
+        assert_eq!(busy.drafting(&[(0.3, 0), (0.2, PROBE_AFTER)], 16), vec![false, false]);
+        for _ in 0..10 {
+            busy.record(24, 20.0, 0, 0.0, &[16], 10.0);
+        }
+        assert_eq!(
+            busy.drafting(&[(0.3, 0), (0.2, PROBE_AFTER)], 16),
+            vec![false, true],
+            "idle sessions probe together"
+        );
         assert_eq!(busy.drafting(&[(0.5, 0)], 16), vec![false], "half a draft does not pay for a forward");
     }
 }

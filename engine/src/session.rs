@@ -324,11 +324,23 @@ impl<'m, 't> Session<'m, 't> {
         self.idle
     }
 
-    /// Drafts accepted per speculative round so far, with one optimistic round of a whole
-    /// accepted draft before any (what a batch expects of this session's next round).
+    /// Drafts the next round is expected to get accepted if it drafts a whole block: with α the
+    /// share of verified drafts accepted so far (Laplace-smoothed, so a new session starts at
+    /// one half) and acceptance modelled as a run of independent positions, α(1 − α^γ)/(1 − α).
+    /// Measured per verified draft rather than per round, so rounds whose windows a busy batch
+    /// cut short do not make the session look weaker than it is.
     pub fn expected_accepted(&self) -> f64 {
         match &self.decoding {
-            Decoding::Spec(r) => (r.stats().accepted as f64 + 1.0) / (r.stats().rounds as f64 + 1.0),
+            Decoding::Spec(r) => {
+                let st = r.stats();
+                let alpha = (st.accepted as f64 + 1.0) / (st.drafted as f64 + 2.0);
+                let gamma = r.gamma() as i32;
+                if alpha >= 1.0 {
+                    f64::from(gamma)
+                } else {
+                    alpha * (1.0 - alpha.powi(gamma)) / (1.0 - alpha)
+                }
+            }
             Decoding::Plain(_) => 0.0,
         }
     }

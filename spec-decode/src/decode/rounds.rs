@@ -335,6 +335,11 @@ impl SpecRounds {
         matches!(&self.cut, Some(Cut::Throughput(p)) if !p.is_look_ahead())
     }
 
+    /// Drafts per round at most (γ, or the request's `gamma`).
+    pub fn gamma(&self) -> usize {
+        self.gamma
+    }
+
     /// Whether the request decodes greedily (its output then does not depend on its windows).
     pub fn is_greedy(&self) -> bool {
         self.greedy
