@@ -242,13 +242,13 @@ impl<'m, 't> Session<'m, 't> {
     /// sessions' by [`Self::read`]); a plain one has nothing to do. `None` when the session has
     /// ended (it reached `max_tokens`: [`Self::finished`] says so). A batch drafts for several
     /// sessions at once with [`Self::prepare`], [`Self::draft_request`] and [`Self::proposed`].
-    pub fn propose(&mut self, mut drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<Option<Proposal>> {
+    pub fn propose(&mut self, drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<Option<Proposal>> {
         let d = match self.prepare(drafter.as_deref(), None)? {
             Prepared::Ended => return Ok(None),
             Prepared::Plain => return Ok(Some(Proposal::Plain)),
             Prepared::Draft(d) => d,
         };
-        let (p, name) = match (d.max_drafts, drafter.as_deref_mut(), self.draft_request(&d)) {
+        let (p, name) = match (d.max_drafts, drafter, self.draft_request(&d)) {
             (0, _, _) | (_, _, None) => (None, String::new()),
             (_, Some(dr), Some(req)) => (Some(dr.propose(req)?), dr.name()),
             (_, None, Some(_)) => return Err(missing_drafter()),

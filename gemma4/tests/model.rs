@@ -281,7 +281,7 @@ fn check_sessions_rounds(m: &Model, prompt_lens: &[usize]) {
             let own = m.forward_stepwise(&ids_array(&windows[s]).unwrap(), &mut alone[s], None).unwrap();
             let want = m.logits_from_hidden(&own.hidden).unwrap();
             for i in 0..lens[s] {
-                let got = bytes(&logits.slice_axis(1, row as i32, row as i32 + 1).unwrap());
+                let got = bytes(&logits.slice_axis(1, row, row + 1).unwrap());
                 let w = bytes(&want.slice_axis(1, i as i32, i as i32 + 1).unwrap());
                 assert!(got == w, "round {r}, session {s}, row {i}: the batched row differs from the session alone");
                 row += 1;

@@ -209,7 +209,7 @@ fn plot(png: &Path, title: &str, rows: &[Value]) -> Result<bool> {
                 .collect(),
         })
         .collect();
-    Ok(dspark::plot::lines(png, title, ("concurrent clients", "tok/s, all clients"), &series, true)?)
+    dspark::plot::lines(png, title, ("concurrent clients", "tok/s, all clients"), &series, true)
 }
 
 /// The load client and its prompts.

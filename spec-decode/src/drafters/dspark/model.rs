@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::rc::Rc;
 
 use gemma4::checkpoint::{write_json, StagedDir};
 use gemma4::config::QuantizationConfig;
@@ -86,8 +86,8 @@ pub struct DSparkDrafter {
     dims: Dims,
     target_id: String,
     taps: TapSet,
-    /// Shared by the forks of one loaded drafter (an engine's sessions).
-    w: Arc<Weights>,
+    /// Shared by the forks of one loaded drafter (an engine's sessions, all on its one thread).
+    w: Rc<Weights>,
     /// Dense parameters by name, as loaded or initialised (what `save` writes).
     params: BTreeMap<String, Array>,
     ctx: Option<ContextCache>,
@@ -169,7 +169,7 @@ impl DSparkDrafter {
         quantized: BTreeMap<String, Quantized>,
     ) -> Result<Self> {
         params.retain(|n, _| !quantized.contains_key(n));
-        let w = Arc::new(Weights::build(&cfg, &params, &quantized)?);
+        let w = Rc::new(Weights::build(&cfg, &params, &quantized)?);
         Ok(DSparkDrafter {
             cfg,
             dims,
@@ -496,12 +496,12 @@ impl DSparkDrafter {
     /// one forward for all (see [`propose_batch`]).
     fn propose_group(group: &mut [&mut DSparkDrafter], reqs: Vec<DraftRequest<'_>>) -> Result<Vec<Proposal>> {
         let Some(lead) = group.first() else { return Ok(Vec::new()) };
-        if reqs.len() != group.len() || group.iter().any(|d| !Arc::ptr_eq(&d.w, &lead.w)) {
+        if reqs.len() != group.len() || group.iter().any(|d| !Rc::ptr_eq(&d.w, &lead.w)) {
             return Err(Error::Contract(
                 "a batched DSpark proposal needs one request per drafter, all forks of one drafter".into(),
             ));
         }
-        let (w, cfg) = (Arc::clone(&lead.w), lead.cfg.clone());
+        let (w, cfg) = (Rc::clone(&lead.w), lead.cfg.clone());
         let me = lead.shell();
         me.project_unprojected(group)?;
         let target = reqs[0].target;
@@ -679,7 +679,7 @@ impl DSparkDrafter {
     /// Whether `other` shares this drafter's weights (a fork of the same loaded drafter), so
     /// their proposals can run in one batched forward.
     pub fn shares_weights(&self, other: &DSparkDrafter) -> bool {
-        Arc::ptr_eq(&self.w, &other.w)
+        Rc::ptr_eq(&self.w, &other.w)
     }
 
     /// This drafter's weights and settings without its parameter map or context (what a
@@ -698,7 +698,7 @@ impl DSparkDrafter {
             dims: self.dims.clone(),
             target_id: self.target_id.clone(),
             taps: self.taps.clone(),
-            w: Arc::clone(&self.w),
+            w: Rc::clone(&self.w),
             params: if params { self.params.clone() } else { BTreeMap::new() },
             ctx: None,
             unprojected: Vec::new(),
