@@ -24,9 +24,9 @@ pub struct Args {
     /// Port to listen on (0 picks a free one; the address is printed).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Requests decoded at once; more wait in arrival order. Each speculative one holds its own
-    /// drafter copy.
-    #[arg(long, default_value_t = 4)]
+    /// Requests decoded at once, all stepped together in one batched target forward; more wait in
+    /// arrival order. Speculative ones hold forks of one drafter (its weights are shared).
+    #[arg(long, default_value_t = 16)]
     max_concurrency: usize,
     /// Drafts per round (default: the drafter's block size). Needs a drafter.
     #[arg(long)]
