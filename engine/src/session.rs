@@ -324,22 +324,23 @@ impl<'m, 't> Session<'m, 't> {
         self.idle
     }
 
-    /// Drafts the next round is expected to get accepted if it drafts a whole block: with α the
-    /// share of verified drafts accepted so far (Laplace-smoothed, so a new session starts at
-    /// one half) and acceptance modelled as a run of independent positions, α(1 − α^γ)/(1 − α).
-    /// Measured per verified draft rather than per round, so rounds whose windows a busy batch
-    /// cut short do not make the session look weaker than it is.
+    /// Drafts the next round is expected to get accepted if it drafts a whole block: the sum
+    /// over block positions of the share of rounds that verified the position and accepted it
+    /// (each with one prior round accepting position i with probability 2^-(i+1), so a new
+    /// session starts near one). A whole block's expected run is the sum of its positions'
+    /// acceptance; per position, rounds whose window a busy batch cut short before it do not
+    /// count against it.
     pub fn expected_accepted(&self) -> f64 {
         match &self.decoding {
             Decoding::Spec(r) => {
                 let st = r.stats();
-                let alpha = (st.accepted as f64 + 1.0) / (st.drafted as f64 + 2.0);
-                let gamma = r.gamma() as i32;
-                if alpha >= 1.0 {
-                    f64::from(gamma)
-                } else {
-                    alpha * (1.0 - alpha.powi(gamma)) / (1.0 - alpha)
-                }
+                (0..r.gamma())
+                    .map(|i| {
+                        let acc = st.accepted_by_pos.get(i).copied().unwrap_or(0) as f64;
+                        let ver = st.drafted_by_pos.get(i).copied().unwrap_or(0) as f64;
+                        (acc + 0.5f64.powi(i as i32 + 1)) / (ver + 1.0)
+                    })
+                    .sum()
             }
             Decoding::Plain(_) => 0.0,
         }
