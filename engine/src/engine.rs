@@ -451,6 +451,15 @@ fn load(cfg: &EngineConfig) -> Result<Loaded> {
     Ok(Loaded { model, drafters, plans, batch_cost })
 }
 
+/// Ends an admitted request with an error: logged, counted, sent, its slot freed.
+fn failed(n: &Counters, job: &Job, e: &Error, slot: usize, free: &mut Vec<usize>) {
+    tracing::warn!(request = %job.label, "failed: {e}");
+    dec(&n.active);
+    inc(&n.failed);
+    job.events.send(Event::Failed(e.to_string()));
+    free.push(slot);
+}
+
 fn log_done(label: &str, o: &Outcome, wall_ms: f64) {
     let tau = o.speculation.as_ref().map_or_else(|| "-".to_string(), |s| format!("{:.2}", s.tau()));
     tracing::info!(
@@ -577,23 +586,11 @@ fn worker(
                     let drafter = drafters.get_mut(slot).map(|d| d.as_mut());
                     match guarded(|| s.finish(model, drafter, Some(&mut cache))) {
                         Ok(session) => active.push(Active { job, session, slot, t0 }),
-                        Err(e) => {
-                            tracing::warn!(request = %job.label, "failed: {e}");
-                            dec(&n.active);
-                            inc(&n.failed);
-                            job.events.send(Event::Failed(e.to_string()));
-                            free.push(slot);
-                        }
+                        Err(e) => failed(&n, &job, &e, slot, &mut free),
                     }
                 }
                 Ok(false) => starting.push_front(a),
-                Err(e) => {
-                    tracing::warn!(request = %a.job.label, "failed: {e}");
-                    dec(&n.active);
-                    inc(&n.failed);
-                    a.job.events.send(Event::Failed(e.to_string()));
-                    free.push(a.slot);
-                }
+                Err(e) => failed(&n, &a.job, &e, a.slot, &mut free),
             }
             if !active.is_empty() && t_prefill.elapsed().as_secs_f64() * 1e3 >= 2.0 * last_step_ms {
                 break;
@@ -660,13 +657,7 @@ fn worker(
                         kept.push(a);
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(request = %a.job.label, "failed: {e}");
-                    dec(&n.active);
-                    inc(&n.failed);
-                    a.job.events.send(Event::Failed(e.to_string()));
-                    free.push(a.slot);
-                }
+                Err(e) => failed(&n, &a.job, &e, a.slot, &mut free),
             }
         }
         active = kept;

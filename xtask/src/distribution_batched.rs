@@ -15,7 +15,8 @@ use spec_decode::{Drafter, Pruning, SpecStats};
 
 use crate::chisq;
 use crate::gates::{
-    counts, favoured_set, first_draft_law, plain_law, random_dspark, scheduled_drafter, ALPHA, SCHEDULE_COST,
+    counts, favoured_set, first_draft_law, plain_law, random_dspark, scheduled_drafter, verdict_cell, ALPHA,
+    SCHEDULE_COST,
 };
 
 /// Sessions per batch.
@@ -60,12 +61,7 @@ pub fn batched_conditions(model: &Model, cfg: &TextConfig, prompt: &[u32], n: us
             hom.p,
             100.0 * twos,
             100.0 * stats.acceptance_rate(),
-            match (broken, ok) {
-                (false, true) => "not rejected (ok)",
-                (false, false) => "REJECTED",
-                (true, true) => "rejected (ok: the test has power)",
-                (true, false) => "NOT REJECTED (no power)",
-            }
+            verdict_cell(broken, ok)
         );
         eprintln!(
             "distribution-equality: batched {name} took {:.1} s for {n_spec} samples",

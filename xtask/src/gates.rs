@@ -475,6 +475,16 @@ pub(crate) fn plain_law(
     Ok(PlainLaw { joint, samples })
 }
 
+/// The verdict column: an exact condition must not be rejected, a broken one must be.
+pub(crate) fn verdict_cell(broken: bool, ok: bool) -> &'static str {
+    match (broken, ok) {
+        (false, true) => "not rejected (ok)",
+        (false, false) => "REJECTED",
+        (true, true) => "rejected (ok: the test has power)",
+        (true, false) => "NOT REJECTED (no power)",
+    }
+}
+
 pub(crate) fn counts(samples: &[usize], cells: usize) -> Vec<usize> {
     let mut c = vec![0; cells];
     for &s in samples {
@@ -716,12 +726,7 @@ pub fn distribution_equality(root: &Path, n: usize) -> Result<()> {
             hom.p,
             100.0 * two_draft_share,
             100.0 * totals.acceptance_rate(),
-            match (broken, ok) {
-                (false, true) => "not rejected (ok)",
-                (false, false) => "REJECTED",
-                (true, true) => "rejected (ok: the test has power)",
-                (true, false) => "NOT REJECTED (no power)",
-            }
+            verdict_cell(broken, ok)
         );
         eprintln!("distribution-equality: condition {ci} took {secs:.1} s for {n_spec} speculative samples");
         if !ok {

@@ -210,8 +210,8 @@ pub fn measure(
         let h = model.forward(&ids(1, rep)?, Some(&mut cache.clone()))?;
         model.logits_from_hidden(&h)?.eval()?;
         let one = t.elapsed().as_secs_f64();
-        for (n, times) in verify.iter_mut().enumerate() {
-            let n = n + 1;
+        // A stepwise tapped forward of n rows and its head, evaluated, in seconds.
+        let timed = |n: usize| -> Result<f64> {
             let t = Instant::now();
             let out = model.forward_stepwise(&ids(n, rep)?, &mut cache.clone(), tapped)?;
             let logits = model.logits_from_hidden(&out.hidden)?;
@@ -219,7 +219,11 @@ pub fn measure(
                 Some(rows) => mlx_core::eval(&[&logits, rows])?,
                 None => logits.eval()?,
             }
-            let dt = t.elapsed().as_secs_f64();
+            Ok(t.elapsed().as_secs_f64())
+        };
+        for (n, times) in verify.iter_mut().enumerate() {
+            let n = n + 1;
+            let dt = timed(n)?;
             if rep > 0 {
                 times.push(dt);
             }
@@ -275,15 +279,9 @@ pub fn measure(
             }
         }
         for (k, &n) in batch_rows.iter().enumerate() {
-            let t = Instant::now();
-            let out = model.forward_stepwise(&ids(n, rep)?, &mut cache.clone(), tapped)?;
-            let logits = model.logits_from_hidden(&out.hidden)?;
-            match &out.taps {
-                Some(rows) => mlx_core::eval(&[&logits, rows])?,
-                None => logits.eval()?,
-            }
+            let dt = timed(n)?;
             if rep > 0 {
-                batch[k].push(t.elapsed().as_secs_f64());
+                batch[k].push(dt);
             }
         }
         if rep > 0 {
