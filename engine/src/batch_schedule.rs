@@ -2,10 +2,11 @@
 //! have cost and yielded so far.
 //!
 //! Two decisions use it, both Algorithm 1's trade of expected tokens against measured cost:
-//! - **whether a session drafts** this step ([`BatchSchedule::drafts`]): drafting costs the
-//!   session's share of the batched drafter forward and the rows its window adds; it pays when
-//!   the drafts it is expected to get accepted (from its past rounds) are worth more at the
-//!   batch's achieved rate. Decided before any draft is seen, from past rounds only.
+//! - **which sessions draft** this step ([`BatchSchedule::drafting`]): drafting costs the
+//!   batched drafter forward (a fixed part and a part per session) and the rows each window
+//!   adds; the most promising sessions draft while the drafts they are expected to get accepted
+//!   (from their past rounds) are worth more at the batch's achieved rate. Decided before any
+//!   draft is seen, from past rounds only.
 //! - **the windows** of the sessions that drafted ([`spec_decode::schedule::batch`]), priced in
 //!   forward cost units at the batch's achieved tokens per unit ([`BatchSchedule::rate`]).
 //!

@@ -19,12 +19,12 @@
 #[cfg(feature = "clap")]
 pub mod args;
 pub mod batch;
-mod batch_schedule;
+pub mod batch_schedule;
 pub mod chat;
 pub mod default_model;
 pub mod engine;
 mod error;
-mod plain;
+pub mod plain;
 pub mod prompt_cache;
 pub mod schedule;
 pub mod selection;
