@@ -27,6 +27,8 @@ pub struct Starting<'t> {
     /// States the prompt cache keeps: the last full chunk's and the whole head's.
     keep: Vec<PrefixState>,
     t0: Instant,
+    /// Milliseconds spent prefilling, over every chunk.
+    prefill_ms: f64,
 }
 
 impl<'t> Starting<'t> {
@@ -51,7 +53,7 @@ impl<'t> Starting<'t> {
         let t0 = Instant::now();
         let state = cache.and_then(|c| c.lookup(&taps, &req.prompt, gen.prefill_step.max(1)));
         let cached_tokens = state.as_ref().map_or(0, |f| f.tokens().len());
-        Ok(Starting { req: req.clone(), tok, taps, state, cached_tokens, keep: Vec::new(), t0 })
+        Ok(Starting { req: req.clone(), tok, taps, state, cached_tokens, keep: Vec::new(), t0, prefill_ms: 0.0 })
     }
 
     /// Prompt tokens (all but the last) still to prefill.
@@ -70,6 +72,7 @@ impl<'t> Starting<'t> {
         }
         // Up to the next grid boundary: the prefix `prompt[..=end]` has head `prompt[..end]`.
         let end = ((done / step + 1) * step).min(head);
+        let t = Instant::now();
         let mut last = None;
         prefill_from(target, &self.taps, &self.req.prompt[..=end], step, self.state.as_ref(), |s| last = Some(s))?;
         let s = last.ok_or_else(|| Error::Batch("a prefill chunk left no state".into()))?;
@@ -78,6 +81,7 @@ impl<'t> Starting<'t> {
             self.keep.push(s.clone());
         }
         self.state = Some(s);
+        self.prefill_ms += t.elapsed().as_secs_f64() * 1e3;
         Ok(n >= head)
     }
 
@@ -92,7 +96,8 @@ impl<'t> Starting<'t> {
     ) -> Result<Session<'m, 't>> {
         while !self.advance(target)? {}
         let step = self.req.generate.prefill_step.max(1);
-        let pre = prefill_from(target, &self.taps, &self.req.prompt, step, self.state.as_ref(), |_| {})?;
+        let pre = prefill_from(target, &self.taps, &self.req.prompt, step, self.state.as_ref(), |_| {})?
+            .with_ms(self.prefill_ms);
         if let Some(c) = cache {
             for s in self.keep.drain(..) {
                 c.insert(s);

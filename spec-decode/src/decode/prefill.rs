@@ -58,6 +58,13 @@ impl Prefilled {
     pub fn ms(&self) -> f64 {
         self.ms
     }
+
+    /// The same prefill with `ms` as its wall time: a prefill run chunk by chunk over several
+    /// calls (resumed from its states) sums the time of every call.
+    pub fn with_ms(mut self, ms: f64) -> Prefilled {
+        self.ms = ms;
+        self
+    }
 }
 
 /// The target cache and the tapped rows after the first tokens of a prompt, prefilled in chunks
