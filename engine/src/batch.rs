@@ -1,6 +1,6 @@
 //! The batched step: every active session's rows in one target forward.
 //!
-//! A step runs in four phases: each speculative session drafts ([`Session::propose`]); the
+//! A step runs in four phases: each speculative session drafts ([`Session::prepare`]); the
 //! batch schedule chooses every window together ([`spec_decode::schedule::batch`], Algorithm 1
 //! across requests, for the sessions it may schedule; the others keep their own rule's window);
 //! one stepwise forward scores all rows ([`gemma4::Model::forward_sessions`]: projections, MLP
@@ -18,7 +18,7 @@
 
 use gemma4::Model;
 use mlx_core::{concatenate, Array};
-use spec_decode::schedule::batch::{batch_windows, BatchCost, Offer};
+use spec_decode::schedule::batch::{batch_windows, Offer};
 use spec_decode::Drafter;
 
 pub use crate::batch_schedule::BatchSchedule;
@@ -98,26 +98,24 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
     // 2. Windows: the batch schedule's for the sessions it may choose for, the rest their own.
     let mut drafts: Vec<usize> = vec![0; n];
     let mut offers: Vec<(usize, Offer)> = Vec::new();
+    // Rows of the sessions whose windows are their own: taken before the schedule chooses.
+    let mut taken = 0;
     for (i, p) in proposals.iter().enumerate() {
         let Some(p) = p else { continue };
         let s = &members[i].session;
         match (&schedule.cost, s.offer(p)) {
             (Some(_), Some(survival)) => offers.push((i, Offer { survival })),
-            _ => drafts[i] = s.own_window(p),
+            _ => {
+                drafts[i] = s.own_window(p);
+                taken += drafts[i] + 1;
+            }
         }
     }
-    if let Some(cost) = &schedule.cost {
-        if !offers.is_empty() {
-            // Rows of the sessions the schedule does not choose for are taken already.
-            let offered: Vec<usize> = offers.iter().map(|(i, _)| *i).collect();
-            let fixed: usize =
-                (0..n).filter(|i| proposals[*i].is_some() && !offered.contains(i)).map(|i| drafts[i] + 1).sum();
-            let list: Vec<Offer> = offers.iter().map(|(_, o)| o.clone()).collect();
-            let shifted = ShiftedCost { cost, fixed };
-            let windows = batch_windows(&list, &shifted.curve(), schedule.rate(), MAX_ROWS.saturating_sub(fixed));
-            for (&(i, _), w) in offers.iter().zip(windows) {
-                drafts[i] = w;
-            }
+    if let (Some(cost), false) = (&schedule.cost, offers.is_empty()) {
+        let list: Vec<Offer> = offers.iter().map(|(_, o)| o.clone()).collect();
+        let windows = batch_windows(&list, taken, cost, schedule.rate(), MAX_ROWS);
+        for (&(i, _), w) in offers.iter().zip(windows) {
+            drafts[i] = w;
         }
     }
     let mut rows: Vec<Option<Rows>> = Vec::with_capacity(n);
@@ -209,18 +207,8 @@ fn draft_all(
             None => {
                 // Another kind of drafter: alone.
                 let m = &mut members[i];
-                let Some(dr) = m.drafter.as_deref_mut() else { continue };
-                let name = dr.name();
-                let d = drafting[i].take();
-                let r = (|| -> Result<Proposal> {
-                    let d = d.ok_or_else(|| Error::Batch("no drafting state".into()))?;
-                    let p = match m.session.draft_request(&d) {
-                        Some(req) => Some(dr.propose(req)?),
-                        None => None,
-                    };
-                    m.session.proposed(d, p, &name)
-                })();
-                match r {
+                let (Some(dr), Some(d)) = (m.drafter.as_deref_mut(), drafting[i].take()) else { continue };
+                match m.session.draft_alone(d, dr) {
                     Ok(p) => proposals[i] = Some(p),
                     Err(e) => outs[i] = Some(Err(e)),
                 }
@@ -262,23 +250,6 @@ fn draft_all(
                 }
             }
         }
-    }
-}
-
-/// The batch cost seen by the scheduled sessions when `fixed` rows are already taken.
-struct ShiftedCost<'c> {
-    cost: &'c BatchCost,
-    fixed: usize,
-}
-
-impl ShiftedCost<'_> {
-    /// V(fixed + n), normalised so V(1) stays the curve's own (only differences matter).
-    fn curve(&self) -> BatchCost {
-        if self.fixed == 0 {
-            return self.cost.clone();
-        }
-        let pts = (1..=MAX_ROWS).map(|n| (n, self.cost.at(self.fixed + n) as f32)).collect();
-        BatchCost::new(pts).unwrap_or_else(|| self.cost.clone())
     }
 }
 

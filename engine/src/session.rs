@@ -2,8 +2,8 @@
 //! where that is exact), then speculative rounds ([`spec_decode::SpecRounds`]) or plain decode
 //! steps ([`PlainRounds`]), with the text streamed through [`TextStream`].
 //!
-//! A step is split where a batch joins it: [`Session::propose`] (drafts, for a speculative
-//! session), [`Session::keep`] (the window the batch schedule chose), one target forward over
+//! A step is split where a batch joins it: [`Session::prepare`] and the drafts (for a
+//! speculative session; several sessions' in one drafter forward), [`Session::keep`] (the window the batch schedule chose), one target forward over
 //! every session's window ([`crate::batch`]), and [`Session::conclude`] (verdict, emit, commit).
 //! [`Session::step`] is that sequence for a session alone. This is the one decoding path of the
 //! project's front ends: the server's engine steps its sessions together, and `dspark generate`
@@ -113,7 +113,7 @@ fn missing_drafter() -> Error {
     Error::Settings { what: "drafter", detail: "a speculative session needs its drafter".into() }
 }
 
-/// A step's first half ([`Session::propose`]).
+/// A step's drafts, before its window is chosen ([`Session::proposed`]).
 pub enum Proposal {
     /// A speculative round's drafts, before the window is chosen.
     Spec(Proposed),
@@ -190,8 +190,7 @@ impl<'m, 't> Session<'m, 't> {
         mut cache: Option<&mut PromptCache>,
     ) -> Result<Session<'m, 't>> {
         let taps = drafter.as_ref().map_or_else(|| TapSet::new([]), |d| d.taps());
-        crate::starting::Starting::new(target, taps, req, tok, cache.as_deref_mut().map(|c| &mut *c))?
-            .finish(target, drafter, cache)
+        crate::starting::Starting::new(target, taps, req, tok, cache.as_deref_mut())?.finish(target, drafter, cache)
     }
 
     /// A session from a finished prefill (see [`crate::starting::Starting`]).
@@ -233,27 +232,15 @@ impl<'m, 't> Session<'m, 't> {
         self.finish
     }
 
-    /// Whether the session decodes speculatively (then every call lends its drafter).
-    pub fn speculative(&self) -> bool {
-        matches!(self.decoding, Decoding::Spec(_))
-    }
-
-    /// A step's first half: a speculative session drafts (a graph, evaluated with the other
-    /// sessions' by [`Self::read`]); a plain one has nothing to do. `None` when the session has
-    /// ended (it reached `max_tokens`: [`Self::finished`] says so). A batch drafts for several
-    /// sessions at once with [`Self::prepare`], [`Self::draft_request`] and [`Self::proposed`].
-    pub fn propose(&mut self, drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<Option<Proposal>> {
-        let d = match self.prepare(drafter.as_deref(), None)? {
-            Prepared::Ended => return Ok(None),
-            Prepared::Plain => return Ok(Some(Proposal::Plain)),
-            Prepared::Draft(d) => d,
-        };
-        let (p, name) = match (d.max_drafts, drafter, self.draft_request(&d)) {
-            (0, _, _) | (_, _, None) => (None, String::new()),
-            (_, Some(dr), Some(req)) => (Some(dr.propose(req)?), dr.name()),
-            (_, None, Some(_)) => return Err(missing_drafter()),
-        };
-        self.proposed(d, p, &name).map(Some)
+    /// The drafts `drafter` proposes alone for a prepared step (`d` from [`Self::prepare`]);
+    /// a batch drafts for several sessions at once with [`Self::draft_request`] and
+    /// [`Self::proposed`] instead.
+    pub fn draft_alone(&mut self, d: Drafting, drafter: &mut dyn Drafter) -> Result<Proposal> {
+        let target = self.target;
+        match &mut self.decoding {
+            Decoding::Spec(r) => Ok(Proposal::Spec(r.draft(target, drafter, d)?)),
+            Decoding::Plain(_) => Ok(Proposal::Plain),
+        }
     }
 
     /// Before a step's drafts: whether the session has ended, takes a plain step, or drafts
@@ -436,7 +423,7 @@ impl<'m, 't> Session<'m, 't> {
         Ok(out)
     }
 
-    /// The output of a step that found the session ended ([`Self::propose`] gave `None`).
+    /// The output of a step that found the session ended ([`Self::prepare`] said so).
     pub fn ended(&mut self) -> StepOut {
         let mut out = StepOut { finished: self.finish, ..StepOut::default() };
         if let Some(ts) = &mut self.text {

@@ -56,12 +56,6 @@ impl<'t> Starting<'t> {
         Ok(Starting { req: req.clone(), tok, taps, state, cached_tokens, keep: Vec::new(), t0, prefill_ms: 0.0 })
     }
 
-    /// Prompt tokens (all but the last) still to prefill.
-    pub fn remaining(&self) -> usize {
-        let head = self.req.prompt.len().saturating_sub(1);
-        head - self.state.as_ref().map_or(0, |s| s.tokens().len())
-    }
-
     /// Runs the next chunk of the prefill grid; returns whether the prompt is prefilled.
     pub fn advance(&mut self, target: &Model) -> Result<bool> {
         let step = self.req.generate.prefill_step.max(1);

@@ -68,11 +68,6 @@ pub struct Proposed {
 }
 
 impl Proposed {
-    /// Drafts proposed.
-    pub fn offered(&self) -> usize {
-        self.offered
-    }
-
     /// The arrays the round reads next (drafts, draft distributions, confidences), for a
     /// caller that evaluates several requests' drafts together.
     pub fn pending(&self) -> Vec<&Array> {
@@ -237,11 +232,17 @@ impl SpecRounds {
     /// [`Self::read_confidences`].
     pub fn draft_lazily(&mut self, target: &Model, drafter: &mut dyn Drafter) -> Result<Option<Proposed>> {
         let Some(d) = self.prepare(drafter, None)? else { return Ok(None) };
+        self.draft(target, drafter, d).map(Some)
+    }
+
+    /// The drafts `drafter` proposes alone for a prepared round (none when it may propose none),
+    /// checked ([`Self::proposed`]).
+    pub fn draft(&mut self, target: &Model, drafter: &mut dyn Drafter, d: Drafting) -> Result<Proposed> {
         let p = match d.max_drafts {
             0 => None,
             _ => Some(drafter.propose(self.draft_request(target, &d))?),
         };
-        self.proposed(d, p, &drafter.name()).map(Some)
+        self.proposed(d, p, &drafter.name())
     }
 
     /// Before a round's drafts: `None` when the request has reached `max_tokens` (it has then

@@ -86,11 +86,18 @@ impl Ord for Candidate {
 
 /// Drafts each session verifies (`offers[s]`'s leading `windows[s]`), admitted across
 /// sessions by value while each pays at `price` tokens per decode step (the batch's achieved
-/// rate; `None`: the batch's own expected tokens per cost so far), never more than `max_rows`
-/// rows in all (the anchors count; they are always in).
-pub fn batch_windows(offers: &[Offer], cost: &BatchCost, price: Option<f64>, max_rows: usize) -> Vec<usize> {
+/// rate; `None`: the offers' own expected tokens per cost so far), never more than `max_rows`
+/// rows in all. `taken` rows of the batch are already spoken for (sessions whose windows are
+/// their own); the offers' anchors come on top of them and are always in.
+pub fn batch_windows(
+    offers: &[Offer],
+    taken: usize,
+    cost: &BatchCost,
+    price: Option<f64>,
+    max_rows: usize,
+) -> Vec<usize> {
     let mut windows = vec![0; offers.len()];
-    let mut rows = offers.len();
+    let mut rows = taken + offers.len();
     let mut expected = offers.len() as f64;
     let mut heap: BinaryHeap<Candidate> = offers
         .iter()
@@ -143,29 +150,33 @@ mod tests {
         let c = BatchCost::new(vec![(1, 1.0), (4, 1.15), (5, 2.2)]).unwrap();
         let offers = [offer(&[0.9, 0.5]), offer(&[0.95, 0.8])];
         // Rows 3 and 4 cost 0.05 each, the fifth 1.05: the two best drafts go in.
-        assert_eq!(batch_windows(&offers, &c, Some(2.0), 64), vec![1, 1]);
+        assert_eq!(batch_windows(&offers, 0, &c, Some(2.0), 64), vec![1, 1]);
         // At a lower price the fifth row pays for the 0.8 draft too.
-        assert_eq!(batch_windows(&offers, &c, Some(0.5), 64), vec![1, 2]);
-        assert_eq!(batch_windows(&offers, &c, Some(2.0), 3), vec![0, 1], "the row cap binds");
+        assert_eq!(batch_windows(&offers, 0, &c, Some(0.5), 64), vec![1, 2]);
+        assert_eq!(batch_windows(&offers, 0, &c, Some(2.0), 3), vec![0, 1], "the row cap binds");
     }
 
     #[test]
     fn windows_shrink_as_load_grows() {
         // Linear cost 0.1 per extra row up to 8 rows, then 1 per row (compute-bound).
         let c = BatchCost::new(vec![(1, 1.0), (8, 1.7), (16, 9.7)]).unwrap();
-        let one = batch_windows(&[offer(&[0.9, 0.8, 0.7, 0.6])], &c, None, 64);
+        let one = batch_windows(&[offer(&[0.9, 0.8, 0.7, 0.6])], 0, &c, None, 64);
         assert_eq!(one, vec![4], "alone, every likely draft pays");
         let many: Vec<Offer> = (0..12).map(|_| offer(&[0.9, 0.8, 0.7, 0.6])).collect();
-        let w = batch_windows(&many, &c, None, 64);
+        let w = batch_windows(&many, 0, &c, None, 64);
         assert!(w.iter().all(|&k| k == 0), "12 anchors already past the knee: plain steps, got {w:?}");
+        // One offer, with 11 rows taken by sessions whose windows are their own: past the knee
+        // a row costs a whole step, which a draft does not pay at 2 tokens a step.
+        assert_eq!(batch_windows(&many[..1], 11, &c, Some(2.0), 64), vec![0]);
+        assert_eq!(batch_windows(&many[..1], 0, &c, Some(2.0), 64), vec![4]);
     }
 
     #[test]
     fn never_looks_past_a_draft_it_did_not_admit() {
         // Session 0's second draft would pay but its first does not: it is never reached.
         let c = BatchCost::new(vec![(1, 1.0), (2, 1.5), (3, 1.6)]).unwrap();
-        assert_eq!(batch_windows(&[offer(&[0.3, 0.29])], &c, Some(1.0), 64), vec![0]);
+        assert_eq!(batch_windows(&[offer(&[0.3, 0.29])], 0, &c, Some(1.0), 64), vec![0]);
         // Zero and NaN survivals are never admitted.
-        assert_eq!(batch_windows(&[offer(&[0.0, 0.9]), offer(&[f32::NAN])], &c, Some(0.1), 64), vec![0, 0]);
+        assert_eq!(batch_windows(&[offer(&[0.0, 0.9]), offer(&[f32::NAN])], 0, &c, Some(0.1), 64), vec![0, 0]);
     }
 }

@@ -685,7 +685,7 @@ impl DSparkDrafter {
     /// This drafter's weights and settings without its parameter map or context (what a
     /// forward reads).
     fn shell(&self) -> DSparkDrafter {
-        DSparkDrafter { params: BTreeMap::new(), ..self.fork_with_params(false) }
+        self.fork_with_params(false)
     }
 
     fn fork_inner(&self) -> DSparkDrafter {
