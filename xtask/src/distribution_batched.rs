@@ -15,8 +15,8 @@ use spec_decode::{Drafter, Pruning, SpecStats};
 
 use crate::chisq;
 use crate::gates::{
-    counts, favoured_set, first_draft_law, plain_law, random_dspark, scheduled_drafter, verdict_cell, ALPHA,
-    SCHEDULE_COST,
+    counts, favoured_set, first_draft_law, judged, plain_law, random_dspark, scheduled_drafter, test_cells,
+    verdict_cell, SCHEDULE_COST,
 };
 
 /// Sessions per batch.
@@ -49,16 +49,11 @@ pub fn batched_conditions(model: &Model, cfg: &TextConfig, prompt: &[u32], n: us
         let bins = chisq::bins(&law.joint, n);
         let gof = chisq::goodness_of_fit(&counts(&samples, v * v), &law.joint, &bins);
         let hom = chisq::homogeneity(&counts(&samples, v * v), &counts(&law.samples, v * v), &bins);
-        let ok = if broken { gof.p < ALPHA && hom.p < ALPHA } else { gof.p >= ALPHA && hom.p >= ALPHA };
+        let ok = judged(&gof, &hom, broken);
         let twos = stats.drafted_by_pos.get(1).copied().unwrap_or(0) as f64 / n_spec as f64;
         println!(
-            "| 0.7 | top-k 6, top-p 0.9 | {name} | {n_spec} | {:.1} ({}) | {:.3e} | {:.1} ({}) | {:.3e} | {:.1}% | {:.1}% | {} |",
-            gof.stat,
-            gof.df,
-            gof.p,
-            hom.stat,
-            hom.df,
-            hom.p,
+            "| 0.7 | top-k 6, top-p 0.9 | {name} | {n_spec} | {} | {:.1}% | {:.1}% | {} |",
+            test_cells(&gof, &hom),
             100.0 * twos,
             100.0 * stats.acceptance_rate(),
             verdict_cell(broken, ok)
