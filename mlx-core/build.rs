@@ -37,7 +37,10 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=src/sys/row_gelu.cc");
     println!("cargo:rerun-if-changed=src/sys/row_sample.cc");
     println!("cargo:rerun-if-changed=src/sys/row_confidence.cc");
+    println!("cargo:rerun-if-changed=src/sys/row_layer.cc");
+    println!("cargo:rerun-if-changed=src/sys/row_compute.h");
     println!("cargo:rerun-if-changed=src/sys/row_kernel.h");
+    println!("cargo:rerun-if-changed=src/sys/row_split.h");
     println!("cargo:rerun-if-changed=src/sys/mod.rs");
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
@@ -66,6 +69,7 @@ fn run() -> Result<(), String> {
         .file("src/sys/row_gelu.cc")
         .file("src/sys/row_sample.cc")
         .file("src/sys/row_confidence.cc")
+        .file("src/sys/row_layer.cc")
         // The row-invariant kernels are hot code: optimise it even in dev builds.
         .opt_level(3)
         .include(&include)

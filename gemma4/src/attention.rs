@@ -29,6 +29,13 @@ pub enum Attend<'a> {
 }
 
 /// What a layer attended to.
+/// What attention starts from: the input-normed rows, or q, k and v already projected and
+/// per-head normed by the fused row node (`[B, L, heads, D]` each, not yet roped).
+pub enum AttnInput<'a> {
+    Normed(&'a Array),
+    Projected { q: Array, k: Array, v: Array },
+}
+
 #[derive(Clone, Debug)]
 enum Fetched {
     /// One K/V for all queries // `[B, Hkv, S, D]` each
@@ -119,18 +126,73 @@ impl Attention {
     /// just those queries). `caches`: none, or one per segment (a batched forward has one).
     pub fn forward(
         &self,
-        x: &Array,
+        x: AttnInput<'_>,
         attend: Attend<'_>,
         caches: Vec<&mut LayerCache>,
         shared: Option<&SharedKv>,
         rows_from: i32,
     ) -> Result<(Array, SharedKv)> {
+        let (o, kv) = self.forward_heads(x, attend, caches, shared, rows_from)?;
+        Ok((self.o_proj.forward(&o)?, kv))
+    }
+
+    /// The output projection's f32 matrix, for a fused layer tail (None when not plain f32).
+    pub fn o_proj_f32(&self) -> Option<&Array> {
+        self.o_proj.dense_f32()
+    }
+
+    /// q, k and v of the rows of `x` (un-normed) through one fused row node: the input norm,
+    /// the three projections and the per-head norms (see `mlx_core::row_layer::qkv`). None when
+    /// this layer's projections do not fit it (a KV-shared layer, V taken from K, weights not
+    /// plain f32); the caller then takes the composed path.
+    pub fn fused_input(&self, x: &Array, input_norm: &Array) -> Result<Option<AttnInput<'static>>> {
+        let Some(proj) = &self.kv else { return Ok(None) };
+        let Some(v_proj) = &proj.v_proj else { return Ok(None) };
+        let (Some(wq), Some(wk), Some(wv)) = (self.q_proj.dense_f32(), proj.k_proj.dense_f32(), v_proj.dense_f32())
+        else {
+            return Ok(None);
+        };
+        if [input_norm, &self.q_norm, &proj.k_norm].iter().any(|w| w.dtype() != mlx_core::Dtype::F32) {
+            return Ok(None);
+        }
+        let shape = x.shape()?; // [B, L, H]
+        let (b, l, h) = (shape[0], shape[1], shape[2]);
+        let flat = x.reshape(&[b * l, h])?;
+        let d = self.head_dim;
+        let (q, k, v) =
+            mlx_core::row_layer::qkv(&flat, input_norm, wq, &self.q_norm, wk, &proj.k_norm, wv, d as usize, self.eps)?;
+        Ok(Some(AttnInput::Projected {
+            q: q.reshape(&[b, l, self.n_heads, d])?,
+            k: k.reshape(&[b, l, self.n_kv_heads, d])?,
+            v: v.reshape(&[b, l, self.n_kv_heads, d])?,
+        }))
+    }
+
+    /// [`Self::forward`] before the output projection // `[B, L − rows_from, Hq·D]`
+    pub fn forward_heads(
+        &self,
+        x: AttnInput<'_>,
+        attend: Attend<'_>,
+        caches: Vec<&mut LayerCache>,
+        shared: Option<&SharedKv>,
+        rows_from: i32,
+    ) -> Result<(Array, SharedKv)> {
+        let (x, pre) = match x {
+            AttnInput::Normed(x) => (x.clone(), None),
+            AttnInput::Projected { q, k, v } => (q.clone(), Some((q, k, v))),
+        };
         let shape = x.shape()?;
         let (b, l) = (shape[0], shape[1]);
-        let xq = if rows_from > 0 { x.slice_axis(1, rows_from, l)? } else { x.clone() };
         let lq = l - rows_from;
-        let q = self.q_proj.forward(&xq)?.reshape(&[b, lq, self.n_heads, self.head_dim])?;
-        let q = fast::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?; // [B, Hq, L, D]
+        let q = match &pre {
+            Some((q, _, _)) if rows_from == 0 => q.transpose(&[0, 2, 1, 3])?,
+            Some((q, _, _)) => q.slice_axis(1, rows_from, l)?.transpose(&[0, 2, 1, 3])?,
+            None => {
+                let xq = if rows_from > 0 { x.slice_axis(1, rows_from, l)? } else { x.clone() };
+                let q = self.q_proj.forward(&xq)?.reshape(&[b, lq, self.n_heads, self.head_dim])?;
+                fast::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?
+            }
+        }; // [B, Hq, L, D]
         let lens = match attend {
             Attend::Stepwise(lens) => lens.to_vec(),
             Attend::Batched(_) => vec![l],
@@ -138,18 +200,24 @@ impl Attention {
         let (kv, offsets) = match (&self.kv, shared) {
             (_, Some(s)) => (s.kv.clone(), s.offsets.clone()),
             (Some(proj), None) => {
-                let k = proj.k_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?;
-                let v = match &proj.v_proj {
-                    Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?,
-                    None => k.clone(),
-                };
                 let offsets: Vec<i32> = match caches.is_empty() {
                     true => vec![0; lens.len()],
                     false => caches.iter().map(|c| c.offset() as i32).collect(),
                 };
-                let k = fast::rms_norm(&k, Some(&proj.k_norm), self.eps)?.transpose(&[0, 2, 1, 3])?; // [B, Hkv, L, D]
+                let (k, v) = match pre {
+                    Some((_, k, v)) => (k, v), // normed by the fused node
+                    None => {
+                        let k = proj.k_proj.forward(&x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?;
+                        let v = match &proj.v_proj {
+                            Some(v_proj) => v_proj.forward(&x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?,
+                            None => k.clone(),
+                        };
+                        (fast::rms_norm(&k, Some(&proj.k_norm), self.eps)?, fast::rms_norm(&v, None, self.eps)?)
+                    }
+                };
+                let k = k.transpose(&[0, 2, 1, 3])?; // [B, Hkv, L, D]
                 let k = rope_segments(&self.rope, &k, &lens, &offsets)?;
-                let v = fast::rms_norm(&v, None, self.eps)?.transpose(&[0, 2, 1, 3])?;
+                let v = v.transpose(&[0, 2, 1, 3])?;
                 let mut caches = caches;
                 let kv = match attend {
                     Attend::Batched(_) => match caches.first_mut() {
@@ -225,7 +293,7 @@ impl Attention {
             }
         };
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, lq, -1])?; // [B, L − rows_from, Hq·D]
-        Ok((self.o_proj.forward(&o)?, SharedKv { kv, offsets }))
+        Ok((o, SharedKv { kv, offsets }))
     }
 }
 

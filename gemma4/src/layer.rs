@@ -3,7 +3,7 @@
 
 use mlx_core::{concatenate, fast, Array};
 
-use crate::attention::{Attend, Attention, SharedKv};
+use crate::attention::{Attend, Attention, AttnInput, SharedKv};
 use crate::cache::LayerCache;
 use crate::config::{LayerSpec, TextConfig};
 use crate::error::{Error, Result};
@@ -88,6 +88,39 @@ impl DecoderLayer {
         })
     }
 
+    /// The hidden width of `x` // `[.., H]` -> H
+    fn hidden_width(&self, x: &Array) -> Result<usize> {
+        Ok(x.shape()?.last().map_or(1, |&h| h.max(1) as usize))
+    }
+
+    /// The weights of the fused tail (`mlx_core::row_layer::ffn`) when this layer is dense with
+    /// plain f32 matrices and no MoE or per-layer-input branch.
+    fn fused_tail_weights(&self) -> Option<mlx_core::row_layer::FfnWeights<'_>> {
+        if self.moe.is_some() || self.ple.is_some() {
+            return None;
+        }
+        let (w_gate, w_up, w_down) = self.mlp.dense_f32()?;
+        let vectors = [
+            &self.post_attention_layernorm,
+            &self.pre_feedforward_layernorm,
+            &self.post_feedforward_layernorm,
+            &self.layer_scalar,
+        ];
+        if vectors.iter().any(|v| v.dtype() != mlx_core::Dtype::F32) {
+            return None;
+        }
+        Some(mlx_core::row_layer::FfnWeights {
+            wo: self.self_attn.o_proj_f32()?,
+            post_attention_norm: &self.post_attention_layernorm,
+            pre_feedforward_norm: &self.pre_feedforward_layernorm,
+            w_gate,
+            w_up,
+            w_down,
+            post_feedforward_norm: &self.post_feedforward_layernorm,
+            layer_scalar: &self.layer_scalar,
+        })
+    }
+
     fn norm(&self, x: &Array, w: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(w), self.eps)?)
     }
@@ -123,8 +156,33 @@ impl DecoderLayer {
         rows_from: i32,
     ) -> Result<(Array, SharedKv)> {
         let stepwise = matches!(attend, Attend::Stepwise(_));
-        let (a, kv) =
-            self.self_attn.forward(&self.norm(x, &self.input_layernorm)?, attend, caches, shared, rows_from)?;
+        // Few f32 rows on the CPU (decode steps, verify windows): the layer's chains as fused
+        // row nodes, each row's bits its own, so decode steps and verify rows still agree.
+        let rows = x.size()? / (self.hidden_width(x)?);
+        let fused = rows_from == 0
+            && shared.is_none()
+            && rows <= mlx_core::blas::ROW_LINEAR_MAX_ROWS
+            && mlx_core::blas::row_kernels_for(x)?;
+        let input = match fused {
+            true => self.self_attn.fused_input(x, &self.input_layernorm)?,
+            false => None,
+        };
+        let normed;
+        let input = match input {
+            Some(projected) => projected,
+            None => {
+                normed = self.norm(x, &self.input_layernorm)?;
+                AttnInput::Normed(&normed)
+            }
+        };
+        if let Some(w) = self.fused_tail_weights().filter(|_| fused) {
+            let (a, kv) = self.self_attn.forward_heads(input, attend, caches, shared, 0)?; // [B, L, Hq·D]
+            let shape = x.shape()?; // [B, L, H]
+            let flat = |t: &Array| t.reshape(&[rows as i32, -1]);
+            let out = mlx_core::row_layer::ffn(&flat(&a)?, &flat(x)?, &w, self.eps)?;
+            return Ok((out.reshape(&shape)?, kv));
+        }
+        let (a, kv) = self.self_attn.forward(input, attend, caches, shared, rows_from)?;
         let x = if rows_from > 0 { x.slice_axis(1, rows_from, x.dim(1)?)? } else { x.clone() };
         let h = x.add(&self.norm(&a, &self.post_attention_layernorm)?)?;
         let f = match &self.moe {

@@ -23,6 +23,14 @@ impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         self.w.matmul_t(x)
     }
+
+    /// The `[out, in]` matrix when it is a plain f32 one (what the fused row kernels read).
+    pub fn dense_f32(&self) -> Option<&Array> {
+        match &self.w {
+            LinearWeights::Dense(w) if w.dtype() == mlx_core::Dtype::F32 => Some(w),
+            _ => None,
+        }
+    }
 }
 
 /// `nn.Embedding` or `nn.QuantizedEmbedding` (gather, then dequantize).

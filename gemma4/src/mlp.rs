@@ -25,6 +25,11 @@ impl Mlp {
     }
 
     /// `[B, L, H]` -> `[B, L, H]`
+    /// (gate, up, down) when all three are plain f32 matrices.
+    pub fn dense_f32(&self) -> Option<(&Array, &Array, &Array)> {
+        Some((self.gate_proj.dense_f32()?, self.up_proj.dense_f32()?, self.down_proj.dense_f32()?))
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let g = gelu(&self.gate_proj.forward(x)?)?;
         let h = g.multiply(&self.up_proj.forward(x)?)?;

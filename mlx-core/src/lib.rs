@@ -26,6 +26,7 @@ mod ops;
 pub mod quant;
 pub mod random;
 pub mod row_confidence;
+pub mod row_layer;
 pub mod row_sample;
 mod sys;
 

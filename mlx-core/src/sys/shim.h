@@ -111,6 +111,13 @@ bool row_linear_paths_agree(int M, int K, int N);
 // segments[i] pairs k, v [B, Hkv, L, D] taken in order (inputs: q, then row 0's pairs, row 1's,
 // …), with every row's bits independent of n and of how its keys are cut (row_attention.cc).
 ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segments, float scale);
+// A dense decoder layer's attention input side for few f32 rows, one node (row_layer.cc):
+// inputs x [R, H], input norm, wq, q norm, wk, k norm, wv; outputs q, k, v [R, heads·head_dim]
+// with each head RMS-normed (v without weight).
+std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, float eps);
+// The rest of the layer after attention, one node (row_layer.cc): inputs a, x, wo, post-attention
+// norm, pre-feedforward norm, w_gate, w_up, w_down, post-feedforward norm, layer scalar.
+ArrayPtr row_ffn(const ArrayList& inputs, float eps);
 // σ(Σ_j parts_j[r]·w_j + (log max softmax, entropy)(logits[r])·w_law + b) per row r, one node;
 // `law_of` holds zero or one logits [R, V] (row_confidence.cc). All float32.
 ArrayPtr row_confidence(const ArrayList& parts, const Array& w, const Array& b, const ArrayList& law_of);

@@ -1,0 +1,152 @@
+//! The fused row nodes of a dense layer (`mlx_core::row_layer`): the composed MLX form's values,
+//! and every row's bits independent of how many rows are computed together.
+
+use mlx_core::row_layer::{self, FfnWeights};
+use mlx_core::{fast, gelu_approx, random, Array, Dtype, Error};
+
+type R = Result<(), Error>;
+
+const H: i32 = 48; // hidden, not a multiple of 32: exercises the kernels' tails
+const D: i32 = 16; // head_dim
+const HQ: i32 = 3;
+const HKV: i32 = 1;
+const F: i32 = 136; // MLP width
+const EPS: f32 = 1e-6;
+
+fn normal(shape: &[i32], seed: u64, scale: f32) -> Array {
+    let key = random::key(seed).unwrap();
+    random::normal(shape, Dtype::F32, 0.0, scale, &key).unwrap()
+}
+
+fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+    let (a, b) = (a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap());
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn bits(a: &Array) -> Vec<u32> {
+    a.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+struct Layer {
+    in_norm: Array,
+    wq: Array,
+    q_norm: Array,
+    wk: Array,
+    k_norm: Array,
+    wv: Array,
+    wo: Array,
+    post_attn: Array,
+    pre_ff: Array,
+    wg: Array,
+    wu: Array,
+    wd: Array,
+    post_ff: Array,
+    scalar: Array,
+}
+
+fn layer() -> Layer {
+    Layer {
+        in_norm: normal(&[H], 1, 0.5).add_scalar(1.0).unwrap(),
+        wq: normal(&[HQ * D, H], 2, 0.2),
+        q_norm: normal(&[D], 3, 0.5).add_scalar(1.0).unwrap(),
+        wk: normal(&[HKV * D, H], 4, 0.2),
+        k_norm: normal(&[D], 5, 0.5).add_scalar(1.0).unwrap(),
+        wv: normal(&[HKV * D, H], 6, 0.2),
+        wo: normal(&[H, HQ * D], 7, 0.2),
+        post_attn: normal(&[H], 8, 0.5).add_scalar(1.0).unwrap(),
+        pre_ff: normal(&[H], 9, 0.5).add_scalar(1.0).unwrap(),
+        wg: normal(&[F, H], 10, 0.2),
+        wu: normal(&[F, H], 11, 0.2),
+        wd: normal(&[H, F], 12, 0.2),
+        post_ff: normal(&[H], 13, 0.5).add_scalar(1.0).unwrap(),
+        scalar: Array::from_slice(&[0.75f32], &[1]).unwrap(),
+    }
+}
+
+impl Layer {
+    fn ffn_weights(&self) -> FfnWeights<'_> {
+        FfnWeights {
+            wo: &self.wo,
+            post_attention_norm: &self.post_attn,
+            pre_feedforward_norm: &self.pre_ff,
+            w_gate: &self.wg,
+            w_up: &self.wu,
+            w_down: &self.wd,
+            post_feedforward_norm: &self.post_ff,
+            layer_scalar: &self.scalar,
+        }
+    }
+}
+
+/// x [R, H] @ wᵀ through MLX's matmul (the BLAS), the composed reference.
+fn lin(x: &Array, w: &Array) -> Array {
+    x.matmul(&w.transpose(&[1, 0]).unwrap()).unwrap()
+}
+
+/// Per-head RMS norm of [R, heads·D] rows, composed.
+fn head_norm(x: &Array, heads: i32, w: Option<&Array>) -> Array {
+    let r = x.dim(0).unwrap();
+    fast::rms_norm(&x.reshape(&[r, heads, D]).unwrap(), w, EPS).unwrap().reshape(&[r, heads * D]).unwrap()
+}
+
+#[test]
+fn qkv_is_the_composed_chain() -> R {
+    let l = layer();
+    let x = normal(&[5, H], 20, 1.0);
+    let (q, k, v) = row_layer::qkv(&x, &l.in_norm, &l.wq, &l.q_norm, &l.wk, &l.k_norm, &l.wv, D as usize, EPS)?;
+    let xn = fast::rms_norm(&x, Some(&l.in_norm), EPS)?;
+    assert_eq!(q.shape()?, vec![5, HQ * D]);
+    assert_eq!(k.shape()?, vec![5, HKV * D]);
+    assert!(max_abs_diff(&q, &head_norm(&lin(&xn, &l.wq), HQ, Some(&l.q_norm))) < 1e-4);
+    assert!(max_abs_diff(&k, &head_norm(&lin(&xn, &l.wk), HKV, Some(&l.k_norm))) < 1e-4);
+    assert!(max_abs_diff(&v, &head_norm(&lin(&xn, &l.wv), HKV, None)) < 1e-4);
+    Ok(())
+}
+
+#[test]
+fn ffn_is_the_composed_chain() -> R {
+    let l = layer();
+    let (a, x) = (normal(&[4, HQ * D], 21, 1.0), normal(&[4, H], 22, 1.0));
+    let out = row_layer::ffn(&a, &x, &l.ffn_weights(), EPS)?;
+    let h = x.add(&fast::rms_norm(&lin(&a, &l.wo), Some(&l.post_attn), EPS)?)?;
+    let t = fast::rms_norm(&h, Some(&l.pre_ff), EPS)?;
+    let m = gelu_approx(&lin(&t, &l.wg))?.multiply(&lin(&t, &l.wu))?;
+    let want = h.add(&fast::rms_norm(&lin(&m, &l.wd), Some(&l.post_ff), EPS)?)?.multiply(&l.scalar)?;
+    assert_eq!(out.shape()?, vec![4, H]);
+    let diff = max_abs_diff(&out, &want);
+    assert!(diff < 1e-4, "fused tail differs from the composed chain by {diff}");
+    Ok(())
+}
+
+#[test]
+fn every_row_is_its_own_whatever_the_batch() -> R {
+    let l = layer();
+    let n = 19;
+    let x = normal(&[n, H], 30, 1.0);
+    let a = normal(&[n, HQ * D], 31, 1.0);
+    let (q, k, v) = row_layer::qkv(&x, &l.in_norm, &l.wq, &l.q_norm, &l.wk, &l.k_norm, &l.wv, D as usize, EPS)?;
+    let out = row_layer::ffn(&a, &x, &l.ffn_weights(), EPS)?;
+    for i in [0, 7, n - 1] {
+        let xi = x.slice_axis(0, i, i + 1)?;
+        let ai = a.slice_axis(0, i, i + 1)?;
+        let (qi, ki, vi) = row_layer::qkv(&xi, &l.in_norm, &l.wq, &l.q_norm, &l.wk, &l.k_norm, &l.wv, D as usize, EPS)?;
+        assert_eq!(bits(&qi), bits(&q.slice_axis(0, i, i + 1)?), "q row {i}");
+        assert_eq!(bits(&ki), bits(&k.slice_axis(0, i, i + 1)?), "k row {i}");
+        assert_eq!(bits(&vi), bits(&v.slice_axis(0, i, i + 1)?), "v row {i}");
+        let oi = row_layer::ffn(&ai, &xi, &l.ffn_weights(), EPS)?;
+        assert_eq!(bits(&oi), bits(&out.slice_axis(0, i, i + 1)?), "ffn row {i}");
+    }
+    Ok(())
+}
+
+#[test]
+fn mismatched_inputs_are_refused_by_name() {
+    let l = layer();
+    let x = normal(&[2, H], 40, 1.0);
+    let err = row_layer::qkv(&x, &l.in_norm, &l.wq, &l.q_norm, &l.wk, &l.k_norm, &l.wo, D as usize, EPS).unwrap_err();
+    assert!(err.to_string().contains("row_qkv"), "{err}");
+    let bf = x.astype(Dtype::Bf16).unwrap();
+    let err = row_layer::ffn(&normal(&[2, HQ * D], 41, 1.0), &bf, &l.ffn_weights(), EPS).unwrap_err();
+    assert!(err.to_string().contains("not float32"), "{err}");
+}
