@@ -29,11 +29,12 @@ pub enum Attend<'a> {
 }
 
 /// What a layer attended to.
-/// What attention starts from: the input-normed rows, or q, k and v already projected and
-/// per-head normed by the fused row node (`[B, L, heads, D]` each, not yet roped).
+/// What attention starts from: the input-normed rows, or the un-normed rows with the layer's
+/// input norm for the fused row node (norm, projections, per-head norms and RoPE in one node;
+/// see [`Attention::fusable`]).
 pub enum AttnInput<'a> {
     Normed(&'a Array),
-    Projected { q: Array, k: Array, v: Array },
+    Fused { x: &'a Array, input_norm: &'a Array },
 }
 
 #[derive(Clone, Debug)]
@@ -86,6 +87,7 @@ pub struct Attention {
     q_norm: Array,
     kv: Option<KvProj>,
     rope: Rope,
+    rope_inv_freqs: Array, // [D / 2] f32, for the fused row node
     n_heads: i32,
     n_kv_heads: i32,
     head_dim: i32,
@@ -108,12 +110,14 @@ impl Attention {
             }),
             KvSource::Shared { .. } => None,
         };
+        let rope = Rope::new(&spec.rope, d, spec.rotary_dims)?;
         Ok(Attention {
             q_proj,
             o_proj,
             q_norm,
             kv,
-            rope: Rope::new(&spec.rope, d, spec.rotary_dims)?,
+            rope_inv_freqs: rope.inv_freqs()?.astype(mlx_core::Dtype::F32)?,
+            rope,
             n_heads: hq as i32,
             n_kv_heads: hkv as i32,
             head_dim: d as i32,
@@ -141,31 +145,44 @@ impl Attention {
         self.o_proj.dense_f32()
     }
 
-    /// q, k and v of the rows of `x` (un-normed) through one fused row node: the input norm,
-    /// the three projections and the per-head norms (see `mlx_core::row_layer::qkv`). None when
-    /// this layer's projections do not fit it (a KV-shared layer, V taken from K, weights not
-    /// plain f32); the caller then takes the composed path.
-    pub fn fused_input(&self, x: &Array, input_norm: &Array) -> Result<Option<AttnInput<'static>>> {
-        let Some(proj) = &self.kv else { return Ok(None) };
-        let Some(v_proj) = &proj.v_proj else { return Ok(None) };
-        let (Some(wq), Some(wk), Some(wv)) = (self.q_proj.dense_f32(), proj.k_proj.dense_f32(), v_proj.dense_f32())
-        else {
-            return Ok(None);
+    /// Whether [`AttnInput::Fused`] can serve this layer: its own K and V projections (not a
+    /// KV-shared layer, V not taken from K), all plain f32 matrices and norms.
+    pub fn fusable(&self, input_norm: &Array) -> bool {
+        let Some(proj) = &self.kv else { return false };
+        let Some(v_proj) = &proj.v_proj else { return false };
+        let f32s = [input_norm, &self.q_norm, &proj.k_norm].iter().all(|w| w.dtype() == mlx_core::Dtype::F32);
+        f32s && self.q_proj.dense_f32().is_some() && proj.k_proj.dense_f32().is_some() && v_proj.dense_f32().is_some()
+    }
+
+    /// q, k, v of the rows of `x` (un-normed) in one fused row node: input norm, projections,
+    /// per-head norms and RoPE at `positions` (one per position along L) // x `[B, L, H]` ->
+    /// (q `[B, Hq, L, D]`, k and v `[B, Hkv, L, D]`)
+    fn fused_qkv(&self, x: &Array, input_norm: &Array, positions: &[i32]) -> Result<(Array, Array, Array)> {
+        let (Some(proj), true) = (&self.kv, self.fusable(input_norm)) else {
+            return Err(crate::Error::Input { op: "attention", detail: "this layer cannot take fused rows".into() });
         };
-        if [input_norm, &self.q_norm, &proj.k_norm].iter().any(|w| w.dtype() != mlx_core::Dtype::F32) {
-            return Ok(None);
-        }
+        let v_proj = proj.v_proj.as_ref().and_then(Linear::dense_f32);
+        let (Some(wq), Some(wk), Some(wv)) = (self.q_proj.dense_f32(), proj.k_proj.dense_f32(), v_proj) else {
+            return Err(crate::Error::Input { op: "attention", detail: "this layer cannot take fused rows".into() });
+        };
         let shape = x.shape()?; // [B, L, H]
         let (b, l, h) = (shape[0], shape[1], shape[2]);
-        let flat = x.reshape(&[b * l, h])?;
-        let d = self.head_dim;
-        let (q, k, v) =
-            mlx_core::row_layer::qkv(&flat, input_norm, wq, &self.q_norm, wk, &proj.k_norm, wv, d as usize, self.eps)?;
-        Ok(Some(AttnInput::Projected {
-            q: q.reshape(&[b, l, self.n_heads, d])?,
-            k: k.reshape(&[b, l, self.n_kv_heads, d])?,
-            v: v.reshape(&[b, l, self.n_kv_heads, d])?,
-        }))
+        let rows = mlx_core::row_layer::QkvRows {
+            x: &x.reshape(&[b * l, h])?,
+            batch: b as usize,
+            positions: &Array::from_slice(positions, &[l])?,
+        };
+        let weights = mlx_core::row_layer::QkvWeights {
+            input_norm,
+            wq,
+            q_norm: &self.q_norm,
+            wk,
+            k_norm: &proj.k_norm,
+            wv,
+            inv_freqs: &self.rope_inv_freqs,
+            head_dim: self.head_dim as usize,
+        };
+        Ok(mlx_core::row_layer::qkv(&rows, &weights, self.eps)?)
     }
 
     /// [`Self::forward`] before the output projection // `[B, L − rows_from, Hq·D]`
@@ -177,47 +194,68 @@ impl Attention {
         shared: Option<&SharedKv>,
         rows_from: i32,
     ) -> Result<(Array, SharedKv)> {
-        let (x, pre) = match x {
-            AttnInput::Normed(x) => (x.clone(), None),
-            AttnInput::Projected { q, k, v } => (q.clone(), Some((q, k, v))),
+        let (x, fused_norm) = match x {
+            AttnInput::Normed(x) => (x, None),
+            AttnInput::Fused { x, input_norm } => (x, Some(input_norm)),
         };
         let shape = x.shape()?;
         let (b, l) = (shape[0], shape[1]);
         let lq = l - rows_from;
-        let q = match &pre {
-            Some((q, _, _)) if rows_from == 0 => q.transpose(&[0, 2, 1, 3])?,
-            Some((q, _, _)) => q.slice_axis(1, rows_from, l)?.transpose(&[0, 2, 1, 3])?,
-            None => {
-                let xq = if rows_from > 0 { x.slice_axis(1, rows_from, l)? } else { x.clone() };
-                let q = self.q_proj.forward(&xq)?.reshape(&[b, lq, self.n_heads, self.head_dim])?;
-                fast::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?
-            }
-        }; // [B, Hq, L, D]
         let lens = match attend {
             Attend::Stepwise(lens) => lens.to_vec(),
             Attend::Batched(_) => vec![l],
         };
-        let (kv, offsets) = match (&self.kv, shared) {
-            (_, Some(s)) => (s.kv.clone(), s.offsets.clone()),
-            (Some(proj), None) => {
-                let offsets: Vec<i32> = match caches.is_empty() {
-                    true => vec![0; lens.len()],
-                    false => caches.iter().map(|c| c.offset() as i32).collect(),
-                };
-                let (k, v) = match pre {
-                    Some((_, k, v)) => (k, v), // normed by the fused node
-                    None => {
-                        let k = proj.k_proj.forward(&x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?;
+        let own_offsets = || -> Vec<i32> {
+            match caches.is_empty() {
+                true => vec![0; lens.len()],
+                false => caches.iter().map(|c| c.offset() as i32).collect(),
+            }
+        };
+        // q [B, Hq, L, D] roped, and this layer's own k, v [B, Hkv, L, D] (k roped), if any.
+        let (q, own) = match fused_norm {
+            Some(norm) => {
+                if rows_from != 0 || shared.is_some() {
+                    return Err(crate::Error::Input {
+                        op: "attention",
+                        detail: "fused rows need every row's query and the layer's own K/V".into(),
+                    });
+                }
+                let offsets = own_offsets();
+                let positions: Vec<i32> = lens.iter().zip(&offsets).flat_map(|(&n, &o)| o..o + n).collect();
+                let (q, k, v) = self.fused_qkv(x, norm, &positions)?;
+                (q, Some((k, v, offsets)))
+            }
+            None => {
+                let xq = if rows_from > 0 { x.slice_axis(1, rows_from, l)? } else { x.clone() };
+                let q = self.q_proj.forward(&xq)?.reshape(&[b, lq, self.n_heads, self.head_dim])?;
+                let q = fast::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?;
+                let own = match (&self.kv, shared) {
+                    (Some(proj), None) => {
+                        let offsets = own_offsets();
+                        let k = proj.k_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?;
                         let v = match &proj.v_proj {
-                            Some(v_proj) => v_proj.forward(&x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?,
+                            Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?,
                             None => k.clone(),
                         };
-                        (fast::rms_norm(&k, Some(&proj.k_norm), self.eps)?, fast::rms_norm(&v, None, self.eps)?)
+                        let k = fast::rms_norm(&k, Some(&proj.k_norm), self.eps)?.transpose(&[0, 2, 1, 3])?;
+                        let k = rope_segments(&self.rope, &k, &lens, &offsets)?;
+                        let v = fast::rms_norm(&v, None, self.eps)?.transpose(&[0, 2, 1, 3])?;
+                        Some((k, v, offsets))
                     }
+                    _ => None,
                 };
-                let k = k.transpose(&[0, 2, 1, 3])?; // [B, Hkv, L, D]
-                let k = rope_segments(&self.rope, &k, &lens, &offsets)?;
-                let v = v.transpose(&[0, 2, 1, 3])?;
+                let offsets = match (&own, shared) {
+                    (Some((_, _, o)), _) => o.clone(),
+                    (None, Some(s)) => s.offsets.clone(),
+                    (None, None) => vec![],
+                };
+                let q_offsets: Vec<i32> = offsets.iter().map(|o| o + rows_from).collect();
+                (rope_segments(&self.rope, &q, &lens, &q_offsets)?, own)
+            }
+        };
+        let (kv, offsets) = match (own, shared) {
+            (_, Some(s)) => (s.kv.clone(), s.offsets.clone()),
+            (Some((k, v, offsets)), None) => {
                 let mut caches = caches;
                 let kv = match attend {
                     Attend::Batched(_) => match caches.first_mut() {
@@ -258,8 +296,6 @@ impl Attention {
                 })
             }
         };
-        let q_offsets: Vec<i32> = offsets.iter().map(|o| o + rows_from).collect();
-        let q = rope_segments(&self.rope, &q, &lens, &q_offsets)?;
         let o = match (&kv, attend) {
             // A one-token step goes through the row kernel when stepwise rows do, so the two agree.
             (Fetched::Batched(k, v), Attend::Batched(AttnMask::None)) if lq == 1 && row_kernel(&q)? => {

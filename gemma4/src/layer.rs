@@ -163,14 +163,10 @@ impl DecoderLayer {
             && shared.is_none()
             && rows <= mlx_core::blas::ROW_LINEAR_MAX_ROWS
             && mlx_core::blas::row_kernels_for(x)?;
-        let input = match fused {
-            true => self.self_attn.fused_input(x, &self.input_layernorm)?,
-            false => None,
-        };
         let normed;
-        let input = match input {
-            Some(projected) => projected,
-            None => {
+        let input = match fused && self.self_attn.fusable(&self.input_layernorm) {
+            true => AttnInput::Fused { x, input_norm: &self.input_layernorm },
+            false => {
                 normed = self.norm(x, &self.input_layernorm)?;
                 AttnInput::Normed(&normed)
             }

@@ -45,6 +45,25 @@ impl Rope {
         })
     }
 
+    /// The rotation's inverse frequencies, one per rotated pair // `[dims / 2]` f32: position p
+    /// turns pair i by p · inv[i] (zero for the pairs a proportional RoPE leaves alone). What
+    /// the fused row node (`mlx_core::row_layer::qkv`) rotates with.
+    pub fn inv_freqs(&self) -> Result<Array> {
+        Ok(match self {
+            Rope::Default { dims, base } => {
+                let half = (*dims / 2).max(0) as usize;
+                let inv: Vec<f32> =
+                    (0..half).map(|i| (f64::from(*base)).powf(-2.0 * i as f64 / f64::from(*dims)) as f32).collect();
+                Array::from_slice(&inv, &[half as i32])?
+            }
+            Rope::Proportional { freqs, .. } => {
+                let inv = Array::scalar(1.0, Dtype::F32)?.divide(freqs)?;
+                inv.eval()?;
+                inv
+            }
+        })
+    }
+
     /// Rotates x `[B, H, 1, D]` with entry b at position `positions[b]` (`[B]` int32).
     pub fn apply_at(&self, x: &Array, positions: &Array) -> Result<Array> {
         Ok(match self {

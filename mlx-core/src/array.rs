@@ -221,6 +221,15 @@ pub fn async_eval(arrays: &[&Array]) -> Result<()> {
     ffi::async_eval(l.raw()).map_err(|e| mlx_err("async_eval", e))
 }
 
+/// The unevaluated graph nodes that evaluating `arrays` would run, by primitive name (one entry
+/// per node). A diagnostic: on a CPU each node costs microseconds of host work, so a decode
+/// step's node count is its fixed cost.
+#[track_caller]
+pub fn pending_nodes(arrays: &[&Array]) -> Result<Vec<String>> {
+    let l = List::new(arrays.iter().copied())?;
+    ffi::pending_nodes(l.raw()).map_err(|e| mlx_err("pending_nodes", e))
+}
+
 /// Waits for all scheduled work on the default stream.
 #[track_caller]
 pub fn synchronize() -> Result<()> {

@@ -30,7 +30,7 @@ pub mod row_layer;
 pub mod row_sample;
 mod sys;
 
-pub use array::{async_eval, eval, mlx_version, synchronize, Array};
+pub use array::{async_eval, eval, mlx_version, pending_nodes, synchronize, Array};
 pub use autodiff::{value_and_grad, vjp};
 pub use device::{Device, Stream};
 pub use dtype::{Dtype, Element, ParseDtypeError};

@@ -1,5 +1,5 @@
 //! A dense decoder layer's few-row chains as two graph nodes on the CPU (`sys/row_layer.cc`):
-//! the attention's input side ([`qkv`]) and everything after attention ([`ffn`]).
+//! the attention's input side up to RoPE ([`qkv`]) and everything after attention ([`ffn`]).
 //!
 //! Composed from MLX's ops these chains are about forty small nodes per layer, and MLX spends
 //! ~10 µs of host work per node on a CPU: for a small model that, not arithmetic, is the decode
@@ -11,25 +11,49 @@
 use crate::array::{Array, List};
 use crate::error::Result;
 
-/// The attention's input side: `xn = rms_norm(x)·input_norm`, then `q = xn·wqᵀ`, `k = xn·wkᵀ`,
-/// `v = xn·wvᵀ`, each head RMS-normed over `head_dim` (q with `q_norm`, k with `k_norm`, v
-/// without weight). x // `[R, H]`, input_norm // `[H]`, wq // `[Hq·D, H]`, q_norm // `[D]`,
-/// wk, wv // `[Hkv·D, H]`, k_norm // `[D]` -> (q `[R, Hq·D]`, k `[R, Hkv·D]`, v `[R, Hkv·D]`)
-#[allow(clippy::too_many_arguments)]
+/// The rows [`qkv`] projects: `x` // `[B·L, H]` f32 (batch-major), with the position of each of
+/// the L rows // `[L]` int32.
+#[derive(Clone, Copy, Debug)]
+pub struct QkvRows<'a> {
+    /// `[B·L, H]`
+    pub x: &'a Array,
+    /// B
+    pub batch: usize,
+    /// `[L]` int32: RoPE positions
+    pub positions: &'a Array,
+}
+
+/// The weights of [`qkv`]: the layer's input norm, the three projections, the q/k norms and
+/// the RoPE inverse frequencies.
+#[derive(Clone, Copy, Debug)]
+pub struct QkvWeights<'a> {
+    /// `[H]`
+    pub input_norm: &'a Array,
+    /// `[Hq·D, H]`
+    pub wq: &'a Array,
+    /// `[D]`
+    pub q_norm: &'a Array,
+    /// `[Hkv·D, H]`
+    pub wk: &'a Array,
+    /// `[D]`
+    pub k_norm: &'a Array,
+    /// `[Hkv·D, H]`
+    pub wv: &'a Array,
+    /// `[D / 2]`: pair i of a head at position p turns by p · inv_freqs[i]
+    pub inv_freqs: &'a Array,
+    /// D
+    pub head_dim: usize,
+}
+
+/// The attention's input side: `xn = rms_norm(x)·input_norm`; `q = xn·wqᵀ`, `k = xn·wkᵀ`,
+/// `v = xn·wvᵀ`; each head RMS-normed over D (q with `q_norm`, k with `k_norm`, v without
+/// weight); q and k rotated by RoPE (MLX's non-traditional layout: pair (i, i + D/2)) at their
+/// row's position. -> (q `[B, Hq, L, D]`, k `[B, Hkv, L, D]`, v `[B, Hkv, L, D]`), the layout
+/// attention and the KV cache take.
 #[track_caller]
-pub fn qkv(
-    x: &Array,
-    input_norm: &Array,
-    wq: &Array,
-    q_norm: &Array,
-    wk: &Array,
-    k_norm: &Array,
-    wv: &Array,
-    head_dim: usize,
-    eps: f32,
-) -> Result<(Array, Array, Array)> {
-    let inputs = List::new([x, input_norm, wq, q_norm, wk, k_norm, wv])?;
-    let out = crate::sys::ffi::row_qkv(inputs.raw(), head_dim as i32, eps)
+pub fn qkv(rows: &QkvRows<'_>, w: &QkvWeights<'_>, eps: f32) -> Result<(Array, Array, Array)> {
+    let inputs = List::new([rows.x, w.input_norm, w.wq, w.q_norm, w.wk, w.k_norm, w.wv, rows.positions, w.inv_freqs])?;
+    let out = crate::sys::ffi::row_qkv(inputs.raw(), w.head_dim as i32, rows.batch as i32, eps)
         .map_err(|e| crate::error::mlx_err("row_qkv", e))?;
     let mut out = List(out).into_vec("row_qkv")?.into_iter();
     match (out.next(), out.next(), out.next()) {

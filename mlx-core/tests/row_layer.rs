@@ -1,7 +1,8 @@
 //! The fused row nodes of a dense layer (`mlx_core::row_layer`): the composed MLX form's values,
 //! and every row's bits independent of how many rows are computed together.
 
-use mlx_core::row_layer::{self, FfnWeights};
+use mlx_core::fast::RopeFreqs;
+use mlx_core::row_layer::{self, FfnWeights, QkvRows, QkvWeights};
 use mlx_core::{fast, gelu_approx, random, Array, Dtype, Error};
 
 type R = Result<(), Error>;
@@ -12,6 +13,7 @@ const HQ: i32 = 3;
 const HKV: i32 = 1;
 const F: i32 = 136; // MLP width
 const EPS: f32 = 1e-6;
+const BASE: f32 = 10000.0;
 
 fn normal(shape: &[i32], seed: u64, scale: f32) -> Array {
     let key = random::key(seed).unwrap();
@@ -43,6 +45,7 @@ struct Layer {
     wd: Array,
     post_ff: Array,
     scalar: Array,
+    inv_freqs: Array,
 }
 
 fn layer() -> Layer {
@@ -61,10 +64,36 @@ fn layer() -> Layer {
         wd: normal(&[H, F], 12, 0.2),
         post_ff: normal(&[H], 13, 0.5).add_scalar(1.0).unwrap(),
         scalar: Array::from_slice(&[0.75f32], &[1]).unwrap(),
+        inv_freqs: {
+            let inv: Vec<f32> =
+                (0..D / 2).map(|i| (BASE as f64).powf(-2.0 * f64::from(i) / f64::from(D)) as f32).collect();
+            Array::from_slice(&inv, &[D / 2]).unwrap()
+        },
     }
 }
 
 impl Layer {
+    fn qkv_weights(&self) -> QkvWeights<'_> {
+        QkvWeights {
+            input_norm: &self.in_norm,
+            wq: &self.wq,
+            q_norm: &self.q_norm,
+            wk: &self.wk,
+            k_norm: &self.k_norm,
+            wv: &self.wv,
+            inv_freqs: &self.inv_freqs,
+            head_dim: D as usize,
+        }
+    }
+
+    /// q, k, v of `x` // `[B·L, H]` at positions `offset..offset + L`
+    fn qkv(&self, x: &Array, batch: usize, offset: i32) -> (Array, Array, Array) {
+        let l = x.dim(0).unwrap() / batch as i32;
+        let positions: Vec<i32> = (offset..offset + l).collect();
+        let positions = Array::from_slice(&positions, &[l]).unwrap();
+        row_layer::qkv(&QkvRows { x, batch, positions: &positions }, &self.qkv_weights(), EPS).unwrap()
+    }
+
     fn ffn_weights(&self) -> FfnWeights<'_> {
         FfnWeights {
             wo: &self.wo,
@@ -84,23 +113,32 @@ fn lin(x: &Array, w: &Array) -> Array {
     x.matmul(&w.transpose(&[1, 0]).unwrap()).unwrap()
 }
 
-/// Per-head RMS norm of [R, heads·D] rows, composed.
-fn head_norm(x: &Array, heads: i32, w: Option<&Array>) -> Array {
-    let r = x.dim(0).unwrap();
-    fast::rms_norm(&x.reshape(&[r, heads, D]).unwrap(), w, EPS).unwrap().reshape(&[r, heads * D]).unwrap()
+/// Per-head RMS norm of [B·L, heads·D] rows, then RoPE from `offset` (if any), composed, in
+/// the [B, heads, L, D] layout.
+fn heads(x: &Array, batch: i32, heads: i32, w: Option<&Array>, rope_from: Option<i32>) -> Array {
+    let l = x.dim(0).unwrap() / batch;
+    let normed = fast::rms_norm(&x.reshape(&[batch, l, heads, D]).unwrap(), w, EPS).unwrap();
+    let t = normed.transpose(&[0, 2, 1, 3]).unwrap();
+    match rope_from {
+        Some(o) => fast::rope(&t, D, false, RopeFreqs::Base(BASE), 1.0, o).unwrap(),
+        None => t,
+    }
 }
 
 #[test]
 fn qkv_is_the_composed_chain() -> R {
     let l = layer();
-    let x = normal(&[5, H], 20, 1.0);
-    let (q, k, v) = row_layer::qkv(&x, &l.in_norm, &l.wq, &l.q_norm, &l.wk, &l.k_norm, &l.wv, D as usize, EPS)?;
-    let xn = fast::rms_norm(&x, Some(&l.in_norm), EPS)?;
-    assert_eq!(q.shape()?, vec![5, HQ * D]);
-    assert_eq!(k.shape()?, vec![5, HKV * D]);
-    assert!(max_abs_diff(&q, &head_norm(&lin(&xn, &l.wq), HQ, Some(&l.q_norm))) < 1e-4);
-    assert!(max_abs_diff(&k, &head_norm(&lin(&xn, &l.wk), HKV, Some(&l.k_norm))) < 1e-4);
-    assert!(max_abs_diff(&v, &head_norm(&lin(&xn, &l.wv), HKV, None)) < 1e-4);
+    for (batch, rows, offset) in [(1, 5, 0), (1, 3, 117), (2, 8, 9)] {
+        let x = normal(&[rows, H], 20 + rows as u64, 1.0);
+        let (q, k, v) = l.qkv(&x, batch as usize, offset);
+        let xn = fast::rms_norm(&x, Some(&l.in_norm), EPS)?;
+        assert_eq!(q.shape()?, vec![batch, HQ, rows / batch, D]);
+        assert_eq!(k.shape()?, vec![batch, HKV, rows / batch, D]);
+        let dq = max_abs_diff(&q, &heads(&lin(&xn, &l.wq), batch, HQ, Some(&l.q_norm), Some(offset)));
+        let dk = max_abs_diff(&k, &heads(&lin(&xn, &l.wk), batch, HKV, Some(&l.k_norm), Some(offset)));
+        let dv = max_abs_diff(&v, &heads(&lin(&xn, &l.wv), batch, HKV, None, None));
+        assert!(dq < 1e-4 && dk < 1e-4 && dv < 1e-4, "B={batch} offset {offset}: q {dq}, k {dk}, v {dv}");
+    }
     Ok(())
 }
 
@@ -125,18 +163,25 @@ fn every_row_is_its_own_whatever_the_batch() -> R {
     let n = 19;
     let x = normal(&[n, H], 30, 1.0);
     let a = normal(&[n, HQ * D], 31, 1.0);
-    let (q, k, v) = row_layer::qkv(&x, &l.in_norm, &l.wq, &l.q_norm, &l.wk, &l.k_norm, &l.wv, D as usize, EPS)?;
+    let (q, k, v) = l.qkv(&x, 1, 40);
     let out = row_layer::ffn(&a, &x, &l.ffn_weights(), EPS)?;
     for i in [0, 7, n - 1] {
         let xi = x.slice_axis(0, i, i + 1)?;
         let ai = a.slice_axis(0, i, i + 1)?;
-        let (qi, ki, vi) = row_layer::qkv(&xi, &l.in_norm, &l.wq, &l.q_norm, &l.wk, &l.k_norm, &l.wv, D as usize, EPS)?;
-        assert_eq!(bits(&qi), bits(&q.slice_axis(0, i, i + 1)?), "q row {i}");
-        assert_eq!(bits(&ki), bits(&k.slice_axis(0, i, i + 1)?), "k row {i}");
-        assert_eq!(bits(&vi), bits(&v.slice_axis(0, i, i + 1)?), "v row {i}");
+        let (qi, ki, vi) = l.qkv(&xi, 1, 40 + i);
+        assert_eq!(bits(&qi), bits(&q.slice_axis(2, i, i + 1)?), "q row {i}");
+        assert_eq!(bits(&ki), bits(&k.slice_axis(2, i, i + 1)?), "k row {i}");
+        assert_eq!(bits(&vi), bits(&v.slice_axis(2, i, i + 1)?), "v row {i}");
         let oi = row_layer::ffn(&ai, &xi, &l.ffn_weights(), EPS)?;
         assert_eq!(bits(&oi), bits(&out.slice_axis(0, i, i + 1)?), "ffn row {i}");
     }
+    // Strided inputs (a transposed view) are read as their values, not their buffer.
+    let xt = x.transpose(&[1, 0])?.transpose(&[1, 0])?;
+    let strided = normal(&[H, n], 32, 1.0).transpose(&[1, 0])?; // [n, H], column-major
+    let (qs, _, _) = l.qkv(&strided, 1, 40);
+    let (qc, _, _) = l.qkv(&strided.add_scalar(0.0)?.reshape(&[n, H])?, 1, 40);
+    assert_eq!(bits(&qs), bits(&qc));
+    assert_eq!(bits(&l.qkv(&xt, 1, 40).0), bits(&q));
     Ok(())
 }
 
@@ -144,8 +189,14 @@ fn every_row_is_its_own_whatever_the_batch() -> R {
 fn mismatched_inputs_are_refused_by_name() {
     let l = layer();
     let x = normal(&[2, H], 40, 1.0);
-    let err = row_layer::qkv(&x, &l.in_norm, &l.wq, &l.q_norm, &l.wk, &l.k_norm, &l.wo, D as usize, EPS).unwrap_err();
+    let positions = Array::from_slice(&[0i32, 1], &[2]).unwrap();
+    let rows = QkvRows { x: &x, batch: 1, positions: &positions };
+    let bad = QkvWeights { wv: &l.wo, ..l.qkv_weights() };
+    let err = row_layer::qkv(&rows, &bad, EPS).unwrap_err();
     assert!(err.to_string().contains("row_qkv"), "{err}");
+    let float_positions = positions.astype(Dtype::F32).unwrap();
+    let err = row_layer::qkv(&QkvRows { positions: &float_positions, ..rows }, &l.qkv_weights(), EPS).unwrap_err();
+    assert!(err.to_string().contains("int32"), "{err}");
     let bf = x.astype(Dtype::Bf16).unwrap();
     let err = row_layer::ffn(&normal(&[2, HQ * D], 41, 1.0), &bf, &l.ffn_weights(), EPS).unwrap_err();
     assert!(err.to_string().contains("not float32"), "{err}");

@@ -106,6 +106,7 @@ pub(crate) mod ffi {
         fn to_bytes(a: &Array) -> Result<Vec<u8>>;
         fn eval(l: &ArrayList) -> Result<()>;
         fn async_eval(l: &ArrayList) -> Result<()>;
+        fn pending_nodes(l: &ArrayList) -> Result<Vec<String>>;
         fn synchronize() -> Result<()>;
 
         fn new_list() -> Result<UniquePtr<ArrayList>>;
@@ -251,7 +252,7 @@ pub(crate) mod ffi {
         // ---- row-invariant single-query attention (row_attention.cc) ----
         fn row_attention(inputs: &ArrayList, segments: &[i32], scale: f32) -> Result<UniquePtr<Array>>;
         // ---- a dense layer's few-row chains in two nodes (row_layer.cc) ----
-        fn row_qkv(inputs: &ArrayList, head_dim: i32, eps: f32) -> Result<UniquePtr<ArrayList>>;
+        fn row_qkv(inputs: &ArrayList, head_dim: i32, batch: i32, eps: f32) -> Result<UniquePtr<ArrayList>>;
         fn row_ffn(inputs: &ArrayList, eps: f32) -> Result<UniquePtr<Array>>;
         // ---- sampling rows in one node (row_sample.cc) ----
         fn row_probs(

@@ -152,12 +152,15 @@ class RowAttention : public CpuOnlyMulti {
   // row of D floats contiguous; any strides over B, Hkv and L).
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     mx::array& out = outputs[0];
-    // Only q must be row-contiguous: keys and values are read through their strides.
-    auto held = hold_row_inputs(inputs, out, stream(), "RowAttention", 1);
+    // Nothing must be row-contiguous: q is read through RowMajor, keys and values through their
+    // strides.
+    auto held = hold_row_inputs(inputs, out, stream(), "RowAttention", 0);
     mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), scale = scale_,
                   segments = segments_]() mutable {
       const mx::array& q = held[0];
       const int B = q.shape(0), Hq = q.shape(1), n = q.shape(2), D = q.shape(3);
+      RowMajor q_rows;
+      const float* qd = q_rows(q);
       std::vector<float> scores;
       std::vector<const float*> kp, vp;
       std::vector<std::vector<float>> copies;  // inputs whose rows are not contiguous
@@ -186,7 +189,7 @@ class RowAttention : public CpuOnlyMulti {
               }
             }
             const size_t qi = ((static_cast<size_t>(b) * Hq + h) * n + i) * D;
-            attend_row(q.data<float>() + qi, kp, vp, D, scale, out.data<float>() + qi, scores);
+            attend_row(qd + qi, kp, vp, D, scale, out.data<float>() + qi, scores);
           }
         }
         copies.clear();
@@ -251,7 +254,7 @@ ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segme
     }
     if (keys == 0) throw std::invalid_argument("row_attention: a row has no keys");
   }
-  args.insert(args.begin(), mx::contiguous(q, false, s));
+  args.insert(args.begin(), q);
   std::vector<int> segs(segments.begin(), segments.end());
   auto outs = mx::array::make_arrays({q.shape()}, {mx::float32},
                                      std::make_shared<RowAttention>(s, scale, std::move(segs)), args);

@@ -101,7 +101,7 @@ ArrayPtr row_confidence(const ArrayList& parts, const Array& w, const Array& b, 
   for (const auto& x : parts.items) {
     check_f32_rows(x, R, "a feature part");
     width += static_cast<size_t>(x.shape(1));
-    args.push_back(mx::contiguous(x, false, s));
+    args.push_back(row_contiguous(x, s));
   }
   const bool law = !law_of.items.empty();
   if (law) {
@@ -114,9 +114,9 @@ ArrayPtr row_confidence(const ArrayList& parts, const Array& w, const Array& b, 
   if (b.inner.dtype() != mx::float32 || b.inner.size() != 1) {
     throw std::invalid_argument("row_confidence: b must be one float32");
   }
-  args.push_back(mx::contiguous(mx::flatten(w.inner, s), false, s));
-  args.push_back(mx::contiguous(mx::flatten(b.inner, s), false, s));
-  if (law) args.push_back(mx::contiguous(law_of.items[0], false, s));
+  args.push_back(row_contiguous(mx::flatten(w.inner, s), s));
+  args.push_back(row_contiguous(mx::flatten(b.inner, s), s));
+  if (law) args.push_back(row_contiguous(law_of.items[0], s));
   const int n_parts = static_cast<int>(parts.items.size());
   return std::make_unique<Array>(
       mx::array({R}, mx::float32, std::make_shared<RowConfidence>(s, n_parts, law), std::move(args)));

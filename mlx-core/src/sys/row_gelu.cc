@@ -228,7 +228,7 @@ ArrayPtr row_softcap(const Array& x, float cap) {
   if (xi.dtype() != mx::float32) throw std::invalid_argument("row_softcap: only float32 is supported");
   if (!(cap > 0.0f) || !std::isfinite(cap)) throw std::invalid_argument("row_softcap: the cap must be positive");
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  auto xc = mx::contiguous(xi, false, s);
+  auto xc = row_contiguous(xi, s);
   return std::make_unique<Array>(mx::array(xi.shape(), mx::float32, std::make_shared<RowSoftcap>(s, cap), {xc}));
 }
 
@@ -236,7 +236,7 @@ ArrayPtr row_gelu(const Array& x) {
   const auto& xi = x.inner;
   if (xi.dtype() != mx::float32) throw std::invalid_argument("row_gelu: only float32 is supported");
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  auto xc = mx::contiguous(xi, false, s);
+  auto xc = row_contiguous(xi, s);
   return std::make_unique<Array>(mx::array(xi.shape(), mx::float32, std::make_shared<RowGelu>(s), {xc}));
 }
 

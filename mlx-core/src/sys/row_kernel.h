@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,6 +51,41 @@ inline std::vector<mlx::core::array> hold_row_inputs(const std::vector<mlx::core
   enc.set_output_array(out);
   return held;
 }
+
+// `a` as the kernels read it, row-contiguous: an evaluated array that already is (weights, mostly)
+// is passed as it is, anything else through a copy node. Sparing a node per weight matters: each
+// costs several microseconds of host work per step.
+inline mlx::core::array row_contiguous(const mlx::core::array& a, mlx::core::Stream s) {
+  return a.is_available() && a.flags().row_contiguous ? a : mlx::core::contiguous(a, false, s);
+}
+
+// Row-major f32 data of a kernel's input whatever its strides: the array's own buffer when it is
+// row-contiguous, otherwise a copy this object holds. Kernels resolve their activations this way
+// at run time, where a Contiguous graph node per input would cost more than the copy of a few
+// rows (whether a lazy array will be contiguous is not known when the graph is built).
+class RowMajor {
+ public:
+  const float* operator()(const mlx::core::array& a) {
+    if (a.flags().row_contiguous) return a.data<float>();
+    copies_.emplace_back(a.size());
+    float* out = copies_.back().data();
+    const auto& shape = a.shape();
+    const auto& strides = a.strides();
+    const int nd = static_cast<int>(shape.size());
+    std::vector<int> idx(nd, 0);
+    const float* base = a.data<float>();
+    for (size_t i = 0; i < a.size(); ++i) {
+      int64_t off = 0;
+      for (int d = 0; d < nd; ++d) off += static_cast<int64_t>(idx[d]) * strides[d];
+      out[i] = base[off];
+      for (int d = nd - 1; d >= 0 && ++idx[d] == shape[d]; --d) idx[d] = 0;
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::vector<float>> copies_;
+};
 
 // A one-output kernel with only a CPU implementation.
 class CpuOnlyUnary : public mlx::core::UnaryPrimitive {

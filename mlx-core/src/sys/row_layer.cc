@@ -10,7 +10,9 @@
 // computed together: a decode step and the same position in a verify window still agree.
 #include "mlx-core/src/sys/shim.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -49,10 +51,10 @@ void rms_rows(const float* x, const float* w, float* y, int rows, int n, float e
 }
 
 // Allocates every output and registers inputs and outputs with the stream's encoder; returns
-// weak handles to the inputs for the dispatched closure (all inputs must be row-contiguous).
+// weak handles to the inputs for the dispatched closure (read through RowMajor: any strides).
 std::vector<mx::array> hold_all(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs,
                                 mx::Stream stream, const char* kernel) {
-  auto held = hold_row_inputs(inputs, outputs[0], stream, kernel);
+  auto held = hold_row_inputs(inputs, outputs[0], stream, kernel, 0);
   auto& enc = mx::cpu::get_command_encoder(stream);
   for (size_t i = 1; i < outputs.size(); ++i) {
     outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
@@ -61,45 +63,93 @@ std::vector<mx::array> hold_all(const std::vector<mx::array>& inputs, std::vecto
   return held;
 }
 
-// inputs: x [R, H], input norm [H], wq [Hq·D, H], q norm [D], wk [Hkv·D, H], k norm [D],
-// wv [Hkv·D, H]. outputs: q [R, Hq·D], k [R, Hkv·D] (each head normed with its weight), v
-// [R, Hkv·D] (each head normed without weight). Rope and the cache stay outside.
+// Rotates each head of rows [R, heads·D] in place: row r (position positions[r % L]) turns pair
+// (i, i + D/2) by positions · inv[i] (MLX's non-traditional RoPE over all D features).
+void rope_rows(float* x, int R, int L, int heads, int D, const int32_t* positions, const float* inv) {
+  const int half = D / 2;
+  std::vector<float> c(half), s(half);
+  for (int r = 0; r < R; ++r) {
+    const float p = static_cast<float>(positions[r % L]);
+    for (int i = 0; i < half; ++i) {
+      const float theta = p * inv[i];
+      c[i] = std::cos(theta);
+      s[i] = std::sin(theta);
+    }
+    for (int h = 0; h < heads; ++h) {
+      float* v = x + (static_cast<size_t>(r) * heads + h) * D;
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = a * s[i] + b * c[i];
+      }
+    }
+  }
+}
+
+// rows [B·L, heads·D] -> out [B, heads, L, D] (the attention's and the cache's layout).
+void to_heads(const float* rows, float* out, int B, int L, int heads, int D) {
+  for (int b = 0; b < B; ++b) {
+    for (int l = 0; l < L; ++l) {
+      const float* src = rows + (static_cast<size_t>(b) * L + l) * heads * D;
+      for (int h = 0; h < heads; ++h) {
+        std::copy(src + static_cast<size_t>(h) * D, src + static_cast<size_t>(h + 1) * D,
+                  out + ((static_cast<size_t>(b) * heads + h) * L + l) * D);
+      }
+    }
+  }
+}
+
+// inputs: x [R = B·L, H], input norm [H], wq [Hq·D, H], q norm [D], wk [Hkv·D, H], k norm [D],
+// wv [Hkv·D, H], positions [L] int32, RoPE inverse frequencies [D/2]. outputs: q [B, Hq, L, D]
+// and k [B, Hkv, L, D] (each head normed with its weight, then roped), v [B, Hkv, L, D] (each
+// head normed without weight). The cache stays outside.
 class RowQkv : public CpuOnlyMulti {
  public:
-  RowQkv(mx::Stream s, int head_dim, float eps) : CpuOnlyMulti(s), d_(head_dim), eps_(eps) {}
+  RowQkv(mx::Stream s, int head_dim, int batch, float eps) : CpuOnlyMulti(s), d_(head_dim), b_(batch), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto held = hold_all(inputs, outputs, stream(), "RowQkv");
     std::vector<float*> outs;
     for (auto& o : outputs) outs.push_back(o.data<float>());
-    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), outs, d = d_, eps = eps_]() {
-      const int R = held[0].shape(0), H = held[0].shape(1);
+    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), outs, d = d_, B = b_, eps = eps_]() {
+      const int R = held[0].shape(0), H = held[0].shape(1), L = R / B;
       const int nq = held[2].shape(0), nk = held[4].shape(0);
-      std::vector<float> xn(static_cast<size_t>(R) * H);
-      rms_rows(held[0].data<float>(), held[1].data<float>(), xn.data(), R, H, eps);
-      row_linear_kernel(xn.data(), held[2].data<float>(), outs[0], R, H, nq);
-      row_linear_kernel(xn.data(), held[4].data<float>(), outs[1], R, H, nk);
-      row_linear_kernel(xn.data(), held[6].data<float>(), outs[2], R, H, nk);
-      // Per-head norms: a [R, heads·D] buffer is R·heads rows of D.
-      rms_rows(outs[0], held[3].data<float>(), outs[0], R * (nq / d), d, eps);
-      rms_rows(outs[1], held[5].data<float>(), outs[1], R * (nk / d), d, eps);
-      rms_rows(outs[2], nullptr, outs[2], R * (nk / d), d, eps);
+      const int32_t* positions = held[7].data<int32_t>();  // contiguous: checked when built
+      RowMajor in;
+      const float* inv = in(held[8]);
+      std::vector<float> xn(static_cast<size_t>(R) * H), rows(static_cast<size_t>(R) * nq);
+      rms_rows(in(held[0]), in(held[1]), xn.data(), R, H, eps);
+      // q: project, norm each head, rotate, lay out by head.
+      row_linear_kernel(xn.data(), in(held[2]), rows.data(), R, H, nq);
+      rms_rows(rows.data(), in(held[3]), rows.data(), R * (nq / d), d, eps);
+      rope_rows(rows.data(), R, L, nq / d, d, positions, inv);
+      to_heads(rows.data(), outs[0], B, L, nq / d, d);
+      // k: the same with its own norm; v: normed without weight, not rotated.
+      row_linear_kernel(xn.data(), in(held[4]), rows.data(), R, H, nk);
+      rms_rows(rows.data(), in(held[5]), rows.data(), R * (nk / d), d, eps);
+      rope_rows(rows.data(), R, L, nk / d, d, positions, inv);
+      to_heads(rows.data(), outs[1], B, L, nk / d, d);
+      row_linear_kernel(xn.data(), in(held[6]), rows.data(), R, H, nk);
+      rms_rows(rows.data(), nullptr, rows.data(), R * (nk / d), d, eps);
+      to_heads(rows.data(), outs[2], B, L, nk / d, d);
     });
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    const int R = inputs[0].shape(0);
-    return {{R, inputs[2].shape(0)}, {R, inputs[4].shape(0)}, {R, inputs[6].shape(0)}};
+    const int L = inputs[0].shape(0) / b_;
+    return {{b_, inputs[2].shape(0) / d_, L, d_}, {b_, inputs[4].shape(0) / d_, L, d_},
+            {b_, inputs[6].shape(0) / d_, L, d_}};
   }
 
   DEFINE_NAME(RowQkv)
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const RowQkv&>(other);
-    return d_ == o.d_ && eps_ == o.eps_;
+    return d_ == o.d_ && b_ == o.b_ && eps_ == o.eps_;
   }
 
  private:
   int d_;
+  int b_;
   float eps_;
 };
 
@@ -113,23 +163,24 @@ class RowFfn : public CpuOnlyUnary {
   RowFfn(mx::Stream s, float eps) : CpuOnlyUnary(s), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto held = hold_row_inputs(inputs, out, stream(), "RowFfn");
+    auto held = hold_row_inputs(inputs, out, stream(), "RowFfn", 0);
     mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), y = out.data<float>(), eps = eps_]() {
       const int R = held[0].shape(0), A = held[0].shape(1), H = held[1].shape(1), F = held[5].shape(0);
       const size_t rh = static_cast<size_t>(R) * H, rf = static_cast<size_t>(R) * F;
       std::vector<float> h(rh), t(rh), g(rf), u(rf);
-      row_linear_kernel(held[0].data<float>(), held[2].data<float>(), t.data(), R, A, H);
-      rms_rows(t.data(), held[3].data<float>(), t.data(), R, H, eps);
-      const float* x = held[1].data<float>();
+      RowMajor in;
+      row_linear_kernel(in(held[0]), in(held[2]), t.data(), R, A, H);
+      rms_rows(t.data(), in(held[3]), t.data(), R, H, eps);
+      const float* x = in(held[1]);
       for (size_t i = 0; i < rh; ++i) h[i] = x[i] + t[i];
-      rms_rows(h.data(), held[4].data<float>(), t.data(), R, H, eps);
-      row_linear_kernel(t.data(), held[5].data<float>(), g.data(), R, H, F);
-      row_linear_kernel(t.data(), held[6].data<float>(), u.data(), R, H, F);
+      rms_rows(h.data(), in(held[4]), t.data(), R, H, eps);
+      row_linear_kernel(t.data(), in(held[5]), g.data(), R, H, F);
+      row_linear_kernel(t.data(), in(held[6]), u.data(), R, H, F);
       gelu_kernel(g.data(), g.data(), rf);
       for (size_t i = 0; i < rf; ++i) g[i] *= u[i];
-      row_linear_kernel(g.data(), held[7].data<float>(), t.data(), R, F, H);
-      rms_rows(t.data(), held[8].data<float>(), t.data(), R, H, eps);
-      const float scalar = held[9].data<float>()[0];
+      row_linear_kernel(g.data(), in(held[7]), t.data(), R, F, H);
+      rms_rows(t.data(), in(held[8]), t.data(), R, H, eps);
+      const float scalar = in(held[9])[0];
       for (size_t i = 0; i < rh; ++i) y[i] = (h[i] + t[i]) * scalar;
     });
   }
@@ -147,9 +198,9 @@ class RowFfn : public CpuOnlyUnary {
   float eps_;
 };
 
-// Inputs as the kernels need them: f32 and row-contiguous. Evaluated arrays that already are
-// (weights) are passed as they are, sparing a copy node per weight per step.
-std::vector<mx::array> prepared(const ArrayList& l, size_t expected, const char* kernel, mx::Stream s) {
+// Inputs as the kernels take them: f32 (int32 at `int_input`).
+std::vector<mx::array> prepared(const ArrayList& l, size_t expected, const char* kernel, mx::Stream s,
+                                size_t int_input = SIZE_MAX) {
   if (l.items.size() != expected) {
     throw std::invalid_argument(std::string(kernel) + ": expected " + std::to_string(expected) + " inputs, got " +
                                 std::to_string(l.items.size()));
@@ -157,10 +208,13 @@ std::vector<mx::array> prepared(const ArrayList& l, size_t expected, const char*
   std::vector<mx::array> out;
   for (size_t i = 0; i < l.items.size(); ++i) {
     const auto& a = l.items[i];
-    if (a.dtype() != mx::float32) {
-      throw std::invalid_argument(std::string(kernel) + ": input " + std::to_string(i) + " is not float32");
+    const auto want = i == int_input ? mx::int32 : mx::float32;
+    if (a.dtype() != want) {
+      throw std::invalid_argument(std::string(kernel) + ": input " + std::to_string(i) + " is not " +
+                                  (i == int_input ? "int32" : "float32"));
     }
-    out.push_back(a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, s));
+    // Activations stay as they are (RowMajor reads any strides); positions must be contiguous.
+    out.push_back(i == int_input ? row_contiguous(a, s) : a);
   }
   return out;
 }
@@ -171,11 +225,12 @@ void expect(bool ok, const char* kernel, const char* what) {
 
 }  // namespace
 
-std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, float eps) {
+std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, int32_t batch, float eps) {
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  auto in = prepared(inputs, 7, "row_qkv", s);
+  auto in = prepared(inputs, 9, "row_qkv", s, 7);
   const int H = in[0].ndim() == 2 ? in[0].shape(1) : -1;
-  expect(H > 0 && head_dim > 0, "row_qkv", "expected x [R, H] and a positive head_dim");
+  expect(H > 0 && head_dim > 0 && head_dim % 2 == 0, "row_qkv", "expected x [R, H] and an even head_dim");
+  expect(batch > 0 && in[0].shape(0) % batch == 0, "row_qkv", "x's rows must be batch · L");
   for (int i : {2, 4, 6}) {
     expect(in[i].ndim() == 2 && in[i].shape(1) == H && in[i].shape(0) % head_dim == 0, "row_qkv",
            "projection weights must be [heads·head_dim, H]");
@@ -183,7 +238,9 @@ std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, fl
   expect(in[4].shape(0) == in[6].shape(0), "row_qkv", "k and v projections must have the same shape");
   for (int i : {3, 5}) expect(in[i].size() == static_cast<size_t>(head_dim), "row_qkv", "q/k norms must be [head_dim]");
   expect(in[1].size() == static_cast<size_t>(H), "row_qkv", "the input norm must be [H]");
-  auto prim = std::make_shared<RowQkv>(s, head_dim, eps);
+  expect(in[7].size() == static_cast<size_t>(in[0].shape(0) / batch), "row_qkv", "positions must be [L]");
+  expect(in[8].size() == static_cast<size_t>(head_dim / 2), "row_qkv", "inverse frequencies must be [head_dim / 2]");
+  auto prim = std::make_shared<RowQkv>(s, head_dim, batch, eps);
   auto shapes = prim->output_shapes(in);
   auto outs = mx::array::make_arrays(shapes, {mx::float32, mx::float32, mx::float32}, prim, in);
   auto l = std::make_unique<ArrayList>();

@@ -293,11 +293,13 @@ class RowLinear : public CpuOnlyUnary {
   explicit RowLinear(mx::Stream s) : CpuOnlyUnary(s) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto held = hold_row_inputs(inputs, out, stream(), "RowLinear");
-    const int M = held[0].shape(0), K = held[0].shape(1), N = held[1].shape(0);
-    mx::cpu::get_command_encoder(stream()).dispatch([x = held[0], w = held[1], out = mx::array::unsafe_weak_copy(out),
+    // w must be row-contiguous (built so); x, a few rows, is read through RowMajor.
+    auto held = hold_row_inputs({inputs[1], inputs[0]}, out, stream(), "RowLinear", 1);
+    const int M = held[1].shape(0), K = held[1].shape(1), N = held[0].shape(0);
+    mx::cpu::get_command_encoder(stream()).dispatch([x = held[1], w = held[0], out = mx::array::unsafe_weak_copy(out),
                                                      M, K, N]() mutable {
-      row_linear_kernel(x.data<float>(), w.data<float>(), out.data<float>(), M, K, N);
+      RowMajor in;
+      row_linear_kernel(in(x), w.data<float>(), out.data<float>(), M, K, N);
     });
   }
 
@@ -359,10 +361,9 @@ ArrayPtr row_linear(const Array& x, const Array& w) {
     throw std::invalid_argument("row_linear: only float32 is supported");
   }
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  auto xc = mx::contiguous(xi, false, s);
-  auto wc = mx::contiguous(wi, false, s);
+  auto wc = row_contiguous(wi, s);
   return std::make_unique<Array>(mx::array({xi.shape(0), wi.shape(0)}, mx::float32, std::make_shared<RowLinear>(s),
-                                           {xc, wc}));
+                                           {xi, wc}));
 }
 
 }  // namespace mlxr

@@ -234,7 +234,7 @@ ArrayPtr row_probs(const Array& logits, float inv_t, double top_p, double min_p,
   if (min_keep < 1 || top_k < 0) throw std::invalid_argument("row_probs: min_keep ≥ 1 and top_k ≥ 0 expected");
   const float ln_min_p = min_p > 0.0 ? static_cast<float>(std::log(min_p)) : kNegInf;
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  auto xc = mx::contiguous(x, false, s);
+  auto xc = row_contiguous(x, s);
   Filter f{inv_t, top_p, ln_min_p, min_keep, top_k};
   return std::make_unique<Array>(mx::array(x.shape(), mx::float32, std::make_shared<RowProbs>(s, f), {xc}));
 }
@@ -247,12 +247,12 @@ ArrayPtr row_draw(const Array& weights, const Array& u, const ArrayList& residua
     throw std::invalid_argument("row_draw: u must be float32 [R] with one value per weight row");
   }
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  std::vector<mx::array> args{mx::contiguous(uu, false, s), mx::contiguous(w, false, s)};
+  std::vector<mx::array> args{row_contiguous(uu, s), row_contiguous(w, s)};
   if (residual_of.items.size() > 1) throw std::invalid_argument("row_draw: at most one q");
   for (const auto& q : residual_of.items) {
     check_rows(q, "row_draw (q)");
     if (q.shape() != w.shape()) throw std::invalid_argument("row_draw: q must have p's shape");
-    args.push_back(mx::contiguous(q, false, s));
+    args.push_back(row_contiguous(q, s));
   }
   return std::make_unique<Array>(
       mx::array({w.shape(0)}, mx::uint32, std::make_shared<RowDraw>(s, empty_mass), std::move(args)));

@@ -76,8 +76,10 @@ class RowSplit {
       std::function<void()>* job = nullptr;
       auto idle_since = std::chrono::steady_clock::now();
       for (unsigned n = 1; (job = job_.load(std::memory_order_acquire)) == nullptr; ++n) {
-        spin_relax();
-        if (n % 256 == 0 && std::chrono::steady_clock::now() - idle_since > SPIN_WINDOW) {
+        // Yield rather than pause: on a machine with as many busy threads as cores (graph
+        // building, the stream's kernels), a pausing spinner would take a core from them.
+        std::this_thread::yield();
+        if (n % 16 == 0 && std::chrono::steady_clock::now() - idle_since > SPIN_WINDOW) {
           std::unique_lock<std::mutex> lk(m_);
           sleeping_.store(true);
           wake_.wait(lk, [this] { return job_.load() != nullptr; });

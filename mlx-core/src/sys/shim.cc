@@ -2,6 +2,10 @@
 // every numerical decision stays with MLX itself.
 #include "mlx-core/src/sys/shim.h"
 
+#include <unordered_set>
+
+#include "mlx/primitives.h"
+
 #include <dlfcn.h>
 
 #include <cstring>
@@ -166,6 +170,23 @@ rust::Vec<uint8_t> to_bytes(const Array& a) {
 void eval(const ArrayList& l) { mx::eval(l.items); }
 void async_eval(const ArrayList& l) { mx::async_eval(l.items); }
 void synchronize() { mx::synchronize(); }
+
+rust::Vec<rust::String> pending_nodes(const ArrayList& l) {
+  // Depth-first over the unevaluated arrays these depend on; siblings (outputs of one
+  // multi-output node) count once, through their primitive.
+  std::unordered_set<std::uintptr_t> seen;
+  std::vector<mx::array> stack(l.items.begin(), l.items.end());
+  rust::Vec<rust::String> names;
+  while (!stack.empty()) {
+    mx::array a = stack.back();
+    stack.pop_back();
+    if (a.is_available() || !a.has_primitive()) continue;
+    if (!seen.insert(reinterpret_cast<std::uintptr_t>(&a.primitive())).second) continue;
+    names.push_back(rust::String(a.primitive().name()));
+    for (const auto& in : a.inputs()) stack.push_back(in);
+  }
+  return names;
+}
 
 std::unique_ptr<ArrayList> new_list() { return std::make_unique<ArrayList>(); }
 void list_push(ArrayList& l, const Array& a) { l.items.push_back(a.inner); }

@@ -50,6 +50,8 @@ rust::Vec<uint8_t> to_bytes(const Array& a);
 void eval(const ArrayList& l);
 void async_eval(const ArrayList& l);
 void synchronize();
+// The primitive names of the unevaluated graph nodes behind these arrays, one per node.
+rust::Vec<rust::String> pending_nodes(const ArrayList& l);
 
 // ---- lists ----
 std::unique_ptr<ArrayList> new_list();
@@ -112,9 +114,10 @@ bool row_linear_paths_agree(int M, int K, int N);
 // …), with every row's bits independent of n and of how its keys are cut (row_attention.cc).
 ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segments, float scale);
 // A dense decoder layer's attention input side for few f32 rows, one node (row_layer.cc):
-// inputs x [R, H], input norm, wq, q norm, wk, k norm, wv; outputs q, k, v [R, heads·head_dim]
-// with each head RMS-normed (v without weight).
-std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, float eps);
+// inputs x [B·L, H], input norm, wq, q norm, wk, k norm, wv, positions [L] (int32), RoPE inverse
+// frequencies; outputs q, k, v [B, heads, L, head_dim], each head RMS-normed (v without weight),
+// q and k roped.
+std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, int32_t batch, float eps);
 // The rest of the layer after attention, one node (row_layer.cc): inputs a, x, wo, post-attention
 // norm, pre-feedforward norm, w_gate, w_up, w_down, post-feedforward norm, layer scalar.
 ArrayPtr row_ffn(const ArrayList& inputs, float eps);
