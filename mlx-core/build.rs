@@ -38,6 +38,7 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=src/sys/row_sample.cc");
     println!("cargo:rerun-if-changed=src/sys/row_confidence.cc");
     println!("cargo:rerun-if-changed=src/sys/row_layer.cc");
+    println!("cargo:rerun-if-changed=src/sys/row_markov.cc");
     println!("cargo:rerun-if-changed=src/sys/row_compute.h");
     println!("cargo:rerun-if-changed=src/sys/row_kernel.h");
     println!("cargo:rerun-if-changed=src/sys/row_split.h");
@@ -70,6 +71,7 @@ fn run() -> Result<(), String> {
         .file("src/sys/row_sample.cc")
         .file("src/sys/row_confidence.cc")
         .file("src/sys/row_layer.cc")
+        .file("src/sys/row_markov.cc")
         // The row-invariant kernels are hot code: optimise it even in dev builds.
         .opt_level(3)
         .include(&include)

@@ -228,7 +228,7 @@ impl Attention {
             None => {
                 let xq = if rows_from > 0 { x.slice_axis(1, rows_from, l)? } else { x.clone() };
                 let q = self.q_proj.forward(&xq)?.reshape(&[b, lq, self.n_heads, self.head_dim])?;
-                let q = fast::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?;
+                let q = mlx_core::blas::rms_norm(&q, Some(&self.q_norm), self.eps)?.transpose(&[0, 2, 1, 3])?;
                 let own = match (&self.kv, shared) {
                     (Some(proj), None) => {
                         let offsets = own_offsets();
@@ -237,9 +237,9 @@ impl Attention {
                             Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, self.n_kv_heads, self.head_dim])?,
                             None => k.clone(),
                         };
-                        let k = fast::rms_norm(&k, Some(&proj.k_norm), self.eps)?.transpose(&[0, 2, 1, 3])?;
+                        let k = mlx_core::blas::rms_norm(&k, Some(&proj.k_norm), self.eps)?.transpose(&[0, 2, 1, 3])?;
                         let k = rope_segments(&self.rope, &k, &lens, &offsets)?;
-                        let v = fast::rms_norm(&v, None, self.eps)?.transpose(&[0, 2, 1, 3])?;
+                        let v = mlx_core::blas::rms_norm(&v, None, self.eps)?.transpose(&[0, 2, 1, 3])?;
                         Some((k, v, offsets))
                     }
                     _ => None,

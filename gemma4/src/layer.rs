@@ -1,7 +1,7 @@
 //! One decoder layer: attention and FFN sandwiches of RMSNorms, optional MoE
 //! branch, optional per-layer-embedding gate, then `h · layer_scalar`.
 
-use mlx_core::{concatenate, fast, Array};
+use mlx_core::{concatenate, Array};
 
 use crate::attention::{Attend, Attention, AttnInput, SharedKv};
 use crate::cache::LayerCache;
@@ -122,7 +122,7 @@ impl DecoderLayer {
     }
 
     fn norm(&self, x: &Array, w: &Array) -> Result<Array> {
-        Ok(fast::rms_norm(x, Some(w), self.eps)?)
+        Ok(mlx_core::blas::rms_norm(x, Some(w), self.eps)?)
     }
 
     /// The expert branch before its post-norm // h `[B, L, H]` -> `[B, L, H]`

@@ -26,10 +26,7 @@ impl Linear {
 
     /// The `[out, in]` matrix when it is a plain f32 one (what the fused row kernels read).
     pub fn dense_f32(&self) -> Option<&Array> {
-        match &self.w {
-            LinearWeights::Dense(w) if w.dtype() == mlx_core::Dtype::F32 => Some(w),
-            _ => None,
-        }
+        self.w.dense_f32()
     }
 }
 

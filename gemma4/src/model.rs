@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use mlx_core::{concatenate, fast, Array, Dtype};
+use mlx_core::{concatenate, Array, Dtype};
 
 use crate::attention::{Attend, SharedKv};
 use crate::cache::Cache;
@@ -256,7 +256,7 @@ impl Model {
         // Context part from the *scaled* embeddings: RMSNorm(proj(h) · H^-0.5)
         let proj = ple.per_layer_model_projection.forward(h)?.mul_scalar((cfg.hidden_size as f64).powf(-0.5))?;
         let proj = proj.reshape(&[s[0], s[1], nl, p])?;
-        let proj = fast::rms_norm(&proj, Some(&ple.per_layer_projection_norm), cfg.rms_norm_eps)?;
+        let proj = mlx_core::blas::rms_norm(&proj, Some(&ple.per_layer_projection_norm), cfg.rms_norm_eps)?;
         Ok(Some(proj.add(&pli)?.mul_scalar(2f64.powf(-0.5))?))
     }
 
@@ -370,7 +370,7 @@ impl Model {
                 }
             }
         }
-        let hidden = fast::rms_norm(&h, Some(&self.norm), self.cfg.rms_norm_eps)?;
+        let hidden = mlx_core::blas::rms_norm(&h, Some(&self.norm), self.cfg.rms_norm_eps)?;
         let taps = match taps {
             Some(t) if !t.is_empty() => {
                 for slot in t.slots(TapPoint::FinalNorm) {

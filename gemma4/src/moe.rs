@@ -3,7 +3,7 @@
 //! call it one row at a time (see `DecoderLayer::moe_by_row`), so they never take the sorted path.
 
 use mlx_core::quant::{gather_mm, gather_qmm};
-use mlx_core::{fast, Array};
+use mlx_core::Array;
 
 use crate::error::Result;
 use crate::linear::Linear;
@@ -55,7 +55,7 @@ impl Router {
     /// h `[B, L, H]` -> (indices `[B, L, k]` in argpartition order, weights `[B, L, k]`)
     pub fn forward(&self, h: &Array) -> Result<(Array, Array)> {
         let w = self.scale.mul_scalar(self.root_size)?;
-        let xn = fast::rms_norm(h, Some(&w), self.eps)?;
+        let xn = mlx_core::blas::rms_norm(h, Some(&w), self.eps)?;
         let scores = self.proj.forward(&xn)?;
         let part = scores.argpartition(self.n_experts - self.top_k, -1)?;
         let idx = part.slice_axis(-1, self.n_experts - self.top_k, self.n_experts)?;

@@ -158,6 +158,20 @@ pub fn gelu(x: &Array) -> Result<Array> {
     }
 }
 
+/// `rms_norm(x)·w` over the last axis: [`crate::row_layer::rms_norm`] (one node) where
+/// [`row_kernels_for`] says so, otherwise MLX's `fast::rms_norm` (mlx-lm's;
+/// `MLX_CORE_ROW_LINEAR=0` for the parity gate). Whatever the number of rows: a norm reads only
+/// its own row, and one path for every size keeps a token's bits the same whether its rows are
+/// normed alone or with other tokens' (q/k norms see tokens × heads rows).
+pub fn rms_norm(x: &Array, w: Option<&Array>, eps: f32) -> Result<Array> {
+    let weight_f32 = w.is_none_or(|w| w.dtype() == Dtype::F32);
+    if weight_f32 && row_kernels_for(x)? {
+        crate::row_layer::rms_norm(x, w, eps)
+    } else {
+        crate::fast::rms_norm(x, w, eps)
+    }
+}
+
 /// The final-logit softcap `cap · tanh(x / cap)`: [`row_softcap`] where [`row_kernels_for`]
 /// says so, otherwise MLX's composed form (weak scalars in x's dtype, as mlx-lm).
 pub fn softcap(x: &Array, cap: f32) -> Result<Array> {

@@ -27,6 +27,7 @@ pub mod quant;
 pub mod random;
 pub mod row_confidence;
 pub mod row_layer;
+pub mod row_markov;
 pub mod row_sample;
 mod sys;
 

@@ -107,3 +107,12 @@ pub fn ffn(a: &Array, x: &Array, w: &FfnWeights<'_>, eps: f32) -> Result<Array> 
     ])?;
     Array::wrap("row_ffn", crate::sys::ffi::row_ffn(inputs.raw(), eps))
 }
+
+/// `rms_norm(x)·w` over the last axis of f32 `x` (no weight: the plain norm), one node: MLX's
+/// `fast::rms_norm` has no CPU kernel and composes five. Each row's bits are its own. The
+/// gradient goes through MLX's form. x // `[.., D]`, w // `[D]` -> `[.., D]`
+#[track_caller]
+pub fn rms_norm(x: &Array, w: Option<&Array>, eps: f32) -> Result<Array> {
+    let inputs = List::new(std::iter::once(x).chain(w))?;
+    Array::wrap("row_rms_norm", crate::sys::ffi::row_rms_norm(inputs.raw(), eps))
+}

@@ -53,6 +53,14 @@ impl LinearWeights {
         })
     }
 
+    /// The matrix when it is a plain f32 one (what the fused row kernels read).
+    pub fn dense_f32(&self) -> Option<&Array> {
+        match self {
+            LinearWeights::Dense(w) if w.dtype() == Dtype::F32 => Some(w),
+            _ => None,
+        }
+    }
+
     /// Rows at `ids` of a `[rows, dims]` table (quantized: gather, then dequantize) // [..] -> `[.., dims]`
     pub fn gather(&self, ids: &Array) -> Result<Array> {
         Ok(match self {

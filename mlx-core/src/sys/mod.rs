@@ -254,6 +254,15 @@ pub(crate) mod ffi {
         // ---- a dense layer's few-row chains in two nodes (row_layer.cc) ----
         fn row_qkv(inputs: &ArrayList, head_dim: i32, batch: i32, eps: f32) -> Result<UniquePtr<ArrayList>>;
         fn row_ffn(inputs: &ArrayList, eps: f32) -> Result<UniquePtr<Array>>;
+        fn row_rms_norm(inputs: &ArrayList, eps: f32) -> Result<UniquePtr<Array>>;
+        // ---- a drafter's greedy Markov walk in one node (row_markov.cc) ----
+        fn row_markov_greedy(
+            u: &Array,
+            w1: &Array,
+            w2: &Array,
+            anchors: &Array,
+            ns: &[i32],
+        ) -> Result<UniquePtr<ArrayList>>;
         // ---- sampling rows in one node (row_sample.cc) ----
         fn row_probs(
             logits: &Array,

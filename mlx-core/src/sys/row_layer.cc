@@ -13,12 +13,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
+#include "mlx/fast.h"
 #include "mlx/primitives.h"
+#include "mlx/transforms.h"
 #include "mlx-core/src/sys/row_compute.h"
 #include "mlx-core/src/sys/row_kernel.h"
 
@@ -198,6 +201,47 @@ class RowFfn : public CpuOnlyUnary {
   float eps_;
 };
 
+// rms_norm(x)·w over the last axis of f32 x (w optional) in one node: MLX's fast::rms_norm has
+// no CPU kernel and runs as five composed nodes. Each row reduced in a fixed order (rms_rows).
+class RowRmsNorm : public CpuOnlyUnary {
+ public:
+  RowRmsNorm(mx::Stream s, float eps) : CpuOnlyUnary(s), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    auto held = hold_row_inputs(inputs, out, stream(), "RowRmsNorm", 0);
+    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), y = out.data<float>(), eps = eps_]() {
+      RowMajor in;
+      const int n = held[0].shape(-1);
+      const int rows = n > 0 ? static_cast<int>(held[0].size() / n) : 0;
+      rms_rows(in(held[0]), held.size() > 1 ? in(held[1]) : nullptr, y, rows, n, eps);
+    });
+  }
+
+  // Through MLX's own rms_norm (training never needs this node's form).
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums, const std::vector<mx::array>&) override {
+    auto s = stream();
+    const float eps = eps_;
+    auto composed = [s, eps](const std::vector<mx::array>& in) {
+      std::optional<mx::array> w;
+      if (in.size() > 1) w = in[1];
+      return std::vector<mx::array>{mx::fast::rms_norm(in[0], w, eps, s)};
+    };
+    auto grads = mx::vjp(composed, primals, cotangents).second;
+    std::vector<mx::array> out;
+    for (int a : argnums) out.push_back(grads[a]);
+    return out;
+  }
+
+  DEFINE_NAME(RowRmsNorm)
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return eps_ == static_cast<const RowRmsNorm&>(other).eps_;
+  }
+
+ private:
+  float eps_;
+};
+
 // Inputs as the kernels take them: f32 (int32 at `int_input`).
 std::vector<mx::array> prepared(const ArrayList& l, size_t expected, const char* kernel, mx::Stream s,
                                 size_t int_input = SIZE_MAX) {
@@ -246,6 +290,19 @@ std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, in
   auto l = std::make_unique<ArrayList>();
   l->items = std::move(outs);
   return l;
+}
+
+ArrayPtr row_rms_norm(const ArrayList& inputs, float eps) {
+  auto s = mx::default_stream(mx::Device(mx::Device::cpu));
+  expect(!inputs.items.empty() && inputs.items.size() <= 2, "row_rms_norm", "expected x and at most one weight");
+  auto in = prepared(inputs, inputs.items.size(), "row_rms_norm", s);
+  expect(in[0].ndim() >= 1, "row_rms_norm", "x must have a last axis");
+  if (in.size() == 2) {
+    expect(in[1].size() == static_cast<size_t>(in[0].shape(-1)), "row_rms_norm", "the weight must match x's last axis");
+  }
+  const auto shape = in[0].shape();
+  auto prim = std::make_shared<RowRmsNorm>(s, eps);
+  return std::make_unique<Array>(mx::array(shape, mx::float32, prim, std::move(in)));
 }
 
 ArrayPtr row_ffn(const ArrayList& inputs, float eps) {

@@ -121,6 +121,13 @@ std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, in
 // The rest of the layer after attention, one node (row_layer.cc): inputs a, x, wo, post-attention
 // norm, pre-feedforward norm, w_gate, w_up, w_down, post-feedforward norm, layer scalar.
 ArrayPtr row_ffn(const ArrayList& inputs, float eps);
+// rms_norm over the last axis of f32 x, times the optional weight (inputs: x [, w]), one node.
+ArrayPtr row_rms_norm(const ArrayList& inputs, float eps);
+// The greedy Markov walk of R draft blocks in one node (row_markov.cc): u [T, V], w1 and w2
+// [V, r], anchors [R] uint32, block lengths ns (Σ = T); outputs tokens [T] uint32, logits
+// [T, V], e1 [T, r].
+std::unique_ptr<ArrayList> row_markov_greedy(const Array& u, const Array& w1, const Array& w2, const Array& anchors,
+                                             rust::Slice<const int32_t> ns);
 // σ(Σ_j parts_j[r]·w_j + (log max softmax, entropy)(logits[r])·w_law + b) per row r, one node;
 // `law_of` holds zero or one logits [R, V] (row_confidence.cc). All float32.
 ArrayPtr row_confidence(const ArrayList& parts, const Array& w, const Array& b, const ArrayList& law_of);

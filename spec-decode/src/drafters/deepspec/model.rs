@@ -118,7 +118,7 @@ impl DeepSpecModel {
     }
 
     fn rms(&self, x: &Array, w: Option<&Array>) -> Result<Array> {
-        Ok(fast::rms_norm(x, w, self.cfg.rms_norm_eps)?)
+        Ok(mlx_core::blas::rms_norm(x, w, self.cfg.rms_norm_eps)?)
     }
 
     /// `hidden_norm(fc(rows))` // `[1, L, taps·H]` -> `[1, L, H]`

@@ -20,8 +20,10 @@ use gemma4::checkpoint::{write_json, StagedDir};
 use gemma4::config::QuantizationConfig;
 use gemma4::weights::{LinearWeights, WeightMap};
 use gemma4::{TapSet, TextConfig};
+use mlx_core::blas::row_kernels_for;
 use mlx_core::quant::Quantized;
 use mlx_core::random::{self, KeyChain};
+use mlx_core::row_markov::Walk;
 use mlx_core::{concatenate, fast, Array, Dtype};
 
 use super::config::{
@@ -421,7 +423,7 @@ impl DSparkDrafter {
     }
 
     fn rms(&self, x: &Array, w: &Array) -> Result<Array> {
-        Ok(fast::rms_norm(x, Some(w), self.dims.eps)?)
+        Ok(mlx_core::blas::rms_norm(x, Some(w), self.dims.eps)?)
     }
 
     fn heads(&self, x: &Array) -> Result<Array> {
@@ -541,16 +543,70 @@ impl DSparkDrafter {
         let u = target.logits_from_hidden(&to_target)?.astype(Dtype::F32)?; // [Σn, V]
         let (w1, w2) = (&w.markov_w1, &w.markov_w2);
 
-        // The Markov walk, every request's position k at once: B_k = W1[x_{k−1}]·W2.
+        // All greedy with plain f32 tables on the CPU: the whole walk is one node (the same bits).
+        let greedy: Vec<bool> = reqs.iter().map(|q| q.sampling.is_greedy()).collect();
+        let fused = match (w1.dense_f32(), w2.dense_f32()) {
+            (Some(t1), Some(t2)) if greedy.iter().all(|&g| g) && row_kernels_for(&u)? => {
+                Some(mlx_core::row_markov::greedy(&u, t1, t2, &anchors.astype(Dtype::U32)?, &ns)?)
+            }
+            _ => None,
+        };
+        let (Walk { tokens, logits, e1: e1s }, qs) = match fused {
+            Some(walk) => (walk, vec![Vec::new(); ns.len()]),
+            None => Self::walk(&u, w1, w2, &anchors, reqs, &ns, &starts)?,
+        };
+        // Every row's confidence in one product per head: each reads only its own row.
+        let score = |greedy: bool| -> Result<Array> {
+            let (cw, cb) = match (&w.conf_greedy, greedy) {
+                (Some((cw, cb)), true) => (cw, cb),
+                _ => (&w.conf_w, &w.conf_b),
+            };
+            super::confidence::score(&rows, &e1s, &logits, cfg.conf_law, cw, cb)
+        };
+        let (mut conf_greedy, mut conf_sampled) = (None, None);
+        let mut out = Vec::with_capacity(ns.len());
+        for (s, &n) in ns.iter().enumerate() {
+            let conf = match greedy[s] {
+                true => conf_greedy.get_or_insert_with(|| score(true)),
+                false => conf_sampled.get_or_insert_with(|| score(false)),
+            };
+            let conf = match conf {
+                Ok(c) => c,
+                Err(e) => return Err(Error::Contract(format!("dspark confidence: {e}"))),
+            };
+            let (a, b) = (starts[s] as i32, (starts[s] + n) as i32);
+            out.push(Proposal {
+                tokens: tokens.slice_axis(0, a, b)?,
+                logits: Some(logits.slice_axis(0, a, b)?),
+                q: if qs[s].is_empty() { None } else { Some(concatenate(&qs[s].iter().collect::<Vec<_>>(), 0)?) },
+                confidence: Some(conf.slice_axis(0, a, b)?), // [n]
+            });
+        }
+        Ok(out)
+    }
+
+    /// The Markov walk composed from MLX's ops, every request's position k at once:
+    /// l_k = u_k + W2·W1[x_{k−1}], x_k greedy or drawn. -> (tokens `[Σn]`, logits `[Σn, V]`,
+    /// e1 `[Σn, r]`, each request's draw distributions q), request after request.
+    fn walk(
+        u: &Array,
+        w1: &LinearWeights,
+        w2: &LinearWeights,
+        anchors: &Array,
+        reqs: Vec<DraftRequest<'_>>,
+        ns: &[usize],
+        starts: &[usize],
+    ) -> Result<(Walk, Vec<Vec<Array>>)> {
+        let total: usize = ns.iter().sum();
         let mut sampling: Vec<DraftSampling<'_>> = Vec::with_capacity(reqs.len());
         let mut uniforms = Vec::with_capacity(reqs.len());
-        for (q, &n) in reqs.into_iter().zip(&ns) {
+        for (q, &n) in reqs.into_iter().zip(ns) {
             let mut sm = q.sampling;
             uniforms.push(sm.uniforms(n)?);
             sampling.push(sm);
         }
         let max_n = ns.iter().copied().max().unwrap_or(0);
-        let mut prev: Vec<Array> = anchors_split(&anchors, ns.len())?;
+        let mut prev: Vec<Array> = anchors_split(anchors, ns.len())?;
         // Row order of the per-position outputs below: position-major, requests in order.
         let mut order: Vec<(usize, usize)> = Vec::with_capacity(total);
         let (mut toks_k, mut logits_k, mut e1_k) = (Vec::new(), Vec::new(), Vec::new());
@@ -594,35 +650,7 @@ impl DSparkDrafter {
         }
         let perm = Array::from_slice(&perm, &[total as i32])?;
         let cat = |v: &[Array]| -> Result<Array> { Ok(concatenate(&v.iter().collect::<Vec<_>>(), 0)?.take(&perm, 0)?) };
-        let (tokens, logits, e1s) = (cat(&toks_k)?, cat(&logits_k)?, cat(&e1_k)?);
-        // Every row's confidence in one product per head: each reads only its own row.
-        let score = |greedy: bool| -> Result<Array> {
-            let (cw, cb) = match (&w.conf_greedy, greedy) {
-                (Some((cw, cb)), true) => (cw, cb),
-                _ => (&w.conf_w, &w.conf_b),
-            };
-            super::confidence::score(&rows, &e1s, &logits, cfg.conf_law, cw, cb)
-        };
-        let (mut conf_greedy, mut conf_sampled) = (None, None);
-        let mut out = Vec::with_capacity(ns.len());
-        for (s, &n) in ns.iter().enumerate() {
-            let conf = match sampling[s].is_greedy() {
-                true => conf_greedy.get_or_insert_with(|| score(true)),
-                false => conf_sampled.get_or_insert_with(|| score(false)),
-            };
-            let conf = match conf {
-                Ok(c) => c,
-                Err(e) => return Err(Error::Contract(format!("dspark confidence: {e}"))),
-            };
-            let (a, b) = (starts[s] as i32, (starts[s] + n) as i32);
-            out.push(Proposal {
-                tokens: tokens.slice_axis(0, a, b)?,
-                logits: Some(logits.slice_axis(0, a, b)?),
-                q: if qs[s].is_empty() { None } else { Some(concatenate(&qs[s].iter().collect::<Vec<_>>(), 0)?) },
-                confidence: Some(conf.slice_axis(0, a, b)?), // [n]
-            });
-        }
-        Ok(out)
+        Ok((Walk { tokens: cat(&toks_k)?, logits: cat(&logits_k)?, e1: cat(&e1_k)? }, qs))
     }
 
     /// Projects the rows every drafter of `group` has committed since its last proposal into
@@ -728,7 +756,7 @@ pub fn propose_batch(group: &mut [&mut DSparkDrafter], reqs: Vec<DraftRequest<'_
 /// made a round after 8,192 context rows 1.4× dearer than after 64.
 fn block_attention(q: &Array, kvs: &[(Array, Array)], scale: f32) -> Result<Array> {
     let (r, h, g, hd) = (q.dim(0)?, q.dim(1)?, q.dim(2)?, q.dim(3)?);
-    if !mlx_core::blas::row_kernels_for(q)? {
+    if !row_kernels_for(q)? {
         // No mask: the block attends bidirectionally.
         let outs = kvs
             .iter()
