@@ -142,7 +142,7 @@ impl Attention {
 
     /// The output projection's f32 matrix, for a fused layer tail (None when not plain f32).
     pub fn o_proj_f32(&self) -> Option<&Array> {
-        self.o_proj.dense_f32()
+        self.o_proj.row_matrix()
     }
 
     /// Whether [`AttnInput::Fused`] can serve this layer: its own K and V projections (not a
@@ -151,7 +151,9 @@ impl Attention {
         let Some(proj) = &self.kv else { return false };
         let Some(v_proj) = &proj.v_proj else { return false };
         let f32s = [input_norm, &self.q_norm, &proj.k_norm].iter().all(|w| w.dtype() == mlx_core::Dtype::F32);
-        f32s && self.q_proj.dense_f32().is_some() && proj.k_proj.dense_f32().is_some() && v_proj.dense_f32().is_some()
+        f32s && self.q_proj.row_matrix().is_some()
+            && proj.k_proj.row_matrix().is_some()
+            && v_proj.row_matrix().is_some()
     }
 
     /// q, k, v of the rows of `x` (un-normed) in one fused row node: input norm, projections,
@@ -161,8 +163,8 @@ impl Attention {
         let (Some(proj), true) = (&self.kv, self.fusable(input_norm)) else {
             return Err(crate::Error::Input { op: "attention", detail: "this layer cannot take fused rows".into() });
         };
-        let v_proj = proj.v_proj.as_ref().and_then(Linear::dense_f32);
-        let (Some(wq), Some(wk), Some(wv)) = (self.q_proj.dense_f32(), proj.k_proj.dense_f32(), v_proj) else {
+        let v_proj = proj.v_proj.as_ref().and_then(Linear::row_matrix);
+        let (Some(wq), Some(wk), Some(wv)) = (self.q_proj.row_matrix(), proj.k_proj.row_matrix(), v_proj) else {
             return Err(crate::Error::Input { op: "attention", detail: "this layer cannot take fused rows".into() });
         };
         let shape = x.shape()?; // [B, L, H]

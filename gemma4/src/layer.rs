@@ -99,7 +99,7 @@ impl DecoderLayer {
         if self.moe.is_some() || self.ple.is_some() {
             return None;
         }
-        let (w_gate, w_up, w_down) = self.mlp.dense_f32()?;
+        let (w_gate, w_up, w_down) = self.mlp.row_matrix()?;
         let vectors = [
             &self.post_attention_layernorm,
             &self.pre_feedforward_layernorm,

@@ -24,9 +24,9 @@ impl Linear {
         self.w.matmul_t(x)
     }
 
-    /// The `[out, in]` matrix when it is a plain f32 one (what the fused row kernels read).
-    pub fn dense_f32(&self) -> Option<&Array> {
-        self.w.dense_f32()
+    /// The `[out, in]` matrix the fused row kernels read (f32, or bf16 read as f32), if any.
+    pub fn row_matrix(&self) -> Option<&Array> {
+        self.w.row_matrix()
     }
 }
 

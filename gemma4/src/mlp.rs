@@ -26,8 +26,8 @@ impl Mlp {
 
     /// `[B, L, H]` -> `[B, L, H]`
     /// (gate, up, down) when all three are plain f32 matrices.
-    pub fn dense_f32(&self) -> Option<(&Array, &Array, &Array)> {
-        Some((self.gate_proj.dense_f32()?, self.up_proj.dense_f32()?, self.down_proj.dense_f32()?))
+    pub fn row_matrix(&self) -> Option<(&Array, &Array, &Array)> {
+        Some((self.gate_proj.row_matrix()?, self.up_proj.row_matrix()?, self.down_proj.row_matrix()?))
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

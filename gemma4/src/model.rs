@@ -68,6 +68,9 @@ impl Model {
         let mut wm = WeightMap::load(dir, &cfg)?;
         let resolved = dtype.resolve(wm.f32_bytes(), wm.has_quantized(), device);
         wm.set_conversion(resolved.conversion);
+        // f32 compute on the CPU's row kernels: bf16 matrices stay bf16 (read exactly as f32).
+        let rows_on_cpu = device == mlx_core::Device::Cpu && mlx_core::blas::row_linear_enabled();
+        wm.keep_bf16_matrices(rows_on_cpu && resolved.conversion.cast == Some(Dtype::F32));
         if resolved.conversion.dequantize {
             cfg.quantization = None;
         }

@@ -73,6 +73,9 @@ impl SwitchLinear {
     fn forward(&self, x: &Array, idx: &Array, sorted: bool) -> Result<Array> {
         Ok(match &self.w {
             LinearWeights::Dense(w) => gather_mm(x, &w.swapaxes(-1, -2)?, idx, sorted)?,
+            LinearWeights::Bf16AsF32(w) => {
+                gather_mm(x, &w.astype(mlx_core::Dtype::F32)?.swapaxes(-1, -2)?, idx, sorted)?
+            }
             LinearWeights::Quantized(q) => gather_qmm(x, q, idx, true, sorted)?,
         })
     }

@@ -46,7 +46,7 @@ impl Rope {
     }
 
     /// The rotation's inverse frequencies, one per rotated pair // `[dims / 2]` f32: position p
-    /// turns pair i by p · inv[i] (zero for the pairs a proportional RoPE leaves alone). What
+    /// turns pair i by `p · inv[i]` (zero for the pairs a proportional RoPE leaves alone). What
     /// the fused row node (`mlx_core::row_layer::qkv`) rotates with.
     pub fn inv_freqs(&self) -> Result<Array> {
         Ok(match self {

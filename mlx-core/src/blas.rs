@@ -182,7 +182,8 @@ pub fn softcap(x: &Array, cap: f32) -> Result<Array> {
     }
 }
 
-/// `x @ wᵀ` for f32 weights `w` `[out, in]`: products of at most [`ROW_LINEAR_MAX_ROWS`] rows
+/// `x @ wᵀ` for f32 weights `w` `[out, in]` (or bf16 ones, computed as the f32 values they are;
+/// the row kernels read them as stored): products of at most [`ROW_LINEAR_MAX_ROWS`] rows
 /// (decode steps, verify windows) go to [`row_linear`] when the row kernels are active, so a
 /// row's bits do not depend on how many rows are multiplied together (an optimized BLAS does
 /// not guarantee it, stepwise verification needs it); larger products (prefill) and GPU
@@ -193,15 +194,14 @@ pub fn matmul_t(x: &Array, w: &Array) -> Result<Array> {
     let rows = x.size()? / (inp.max(1) as usize);
     let few = rows <= ROW_LINEAR_MAX_ROWS && rows > 0;
     if !(few && row_kernels_active()?) {
+        // bf16 weights widened first (exact): the product of the f32 matrix, transposed view and all.
+        let w = match w.dtype() {
+            Dtype::Bf16 => w.astype(Dtype::F32)?,
+            _ => w.clone(),
+        };
         return x.matmul(&w.transpose(&[1, 0])?);
     }
-    let flat = x.reshape(&[rows as i32, inp])?.astype(Dtype::F32)?; // [R, in]
-    let out = row_linear(&flat, w)?; // [R, out]
-    let mut out_shape = shape;
-    if let Some(last) = out_shape.last_mut() {
-        *last = -1;
-    }
-    out.reshape(&out_shape)
+    row_linear(&x.astype(Dtype::F32)?, w) // [.., out]: the kernel takes every leading axis as rows
 }
 
 /// `gelu_approx` of f32 `x` on the CPU in one vectorized pass (tanh through a polynomial exp,
@@ -229,14 +229,16 @@ pub fn row_linear_isa() -> String {
     crate::sys::ffi::row_linear_isa()
 }
 
-/// Whether [`row_linear`]'s AVX-512 and AVX2 forms agree bit for bit on random `[m, k]` ×
-/// `[n, k]` inputs (true where only one form runs).
+/// Whether [`row_linear`]'s forms agree bit for bit on random `[m, k]` × `[n, k]` inputs: the
+/// AVX-512 and AVX2 ones (where both run), each with f32 weights and with the same weights
+/// stored as bf16.
 pub fn row_linear_paths_agree(m: usize, k: usize, n: usize) -> bool {
     crate::sys::ffi::row_linear_paths_agree(m as i32, k as i32, n as i32)
 }
 
-/// `x @ wᵀ` for f32 `x` `[M, K]` and `w` `[N, K]` (the `nn.Linear` layout) on the CPU, with
-/// each row's bits independent of M and of the row's place: one dot product per element with a
+/// `x @ wᵀ` for f32 `x` `[.., K]` (every leading axis rows, M in all) and `w` `[N, K]` (the
+/// `nn.Linear` layout) on the CPU -> `[.., N]`, with each row's bits independent of M and of the
+/// row's place: one dot product per element with a
 /// fixed eight-lane order. Weights are streamed once per call, so few-row products cost about
 /// what a one-row product does (memory-bound), unlike padding rows to the BLAS's tile.
 #[track_caller]

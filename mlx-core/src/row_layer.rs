@@ -39,7 +39,7 @@ pub struct QkvWeights<'a> {
     pub k_norm: &'a Array,
     /// `[Hkv·D, H]`
     pub wv: &'a Array,
-    /// `[D / 2]`: pair i of a head at position p turns by p · inv_freqs[i]
+    /// `[D / 2]`: pair i of a head at position p turns by `p · inv_freqs[i]`
     pub inv_freqs: &'a Array,
     /// D
     pub head_dim: usize,

@@ -32,6 +32,10 @@ fn is_float(d: Dtype) -> bool {
 pub enum LinearWeights {
     /// A plain `[out, in]` matrix.
     Dense(Array),
+    /// A bf16 `[out, in]` matrix of a model computing in f32 on the CPU: every bf16 value is an
+    /// f32 value, so the row kernels read it as stored (half the bytes a step streams) and other
+    /// products widen it first; either way the bits are those of the converted f32 matrix.
+    Bf16AsF32(Array),
     /// Packed MLX-affine weight with its scales and biases.
     Quantized(Quantized),
 }
@@ -49,14 +53,16 @@ impl LinearWeights {
         Ok(match self {
             LinearWeights::Dense(w) if w.dtype() == Dtype::F32 => mlx_core::blas::matmul_t(x, w)?,
             LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
+            LinearWeights::Bf16AsF32(w) => mlx_core::blas::matmul_t(x, w)?,
             LinearWeights::Quantized(q) => q.matmul_t(x)?,
         })
     }
 
-    /// The matrix when it is a plain f32 one (what the fused row kernels read).
-    pub fn dense_f32(&self) -> Option<&Array> {
+    /// The matrix the fused row kernels read, when there is one: plain f32, or bf16 read as f32.
+    pub fn row_matrix(&self) -> Option<&Array> {
         match self {
             LinearWeights::Dense(w) if w.dtype() == Dtype::F32 => Some(w),
+            LinearWeights::Bf16AsF32(w) => Some(w),
             _ => None,
         }
     }
@@ -65,6 +71,7 @@ impl LinearWeights {
     pub fn gather(&self, ids: &Array) -> Result<Array> {
         Ok(match self {
             LinearWeights::Dense(w) => w.take(ids, 0)?,
+            LinearWeights::Bf16AsF32(w) => w.take(ids, 0)?.astype(Dtype::F32)?,
             LinearWeights::Quantized(q) => {
                 let mut shape = ids.shape()?;
                 let rows = q.gather_rows(&ids.reshape(&[-1])?)?;
@@ -117,6 +124,7 @@ pub struct WeightMap {
     prefix: &'static str,
     quantization: Option<QuantizationConfig>,
     conversion: Conversion,
+    bf16_matrices: bool,
 }
 
 impl WeightMap {
@@ -152,7 +160,14 @@ impl WeightMap {
             prefix,
             quantization,
             conversion: Conversion::NONE,
+            bf16_matrices: false,
         }
+    }
+
+    /// With a conversion to f32: hand out bf16 dense matrices (not stacked experts) as
+    /// [`LinearWeights::Bf16AsF32`] instead of converting them, for the CPU's row kernels.
+    pub fn keep_bf16_matrices(&mut self, keep: bool) {
+        self.bf16_matrices = keep;
     }
 
     /// Casts (and dequantizes) tensors as they are handed out; see [`crate::compute`].
@@ -266,6 +281,14 @@ impl WeightMap {
             None => self.contains(&sname) || self.tensors.get(&wname).is_some_and(|w| w.dtype() == Dtype::U32),
         };
         if !quantized {
+            let stored_bf16 = self.tensors.get(&wname).is_some_and(|w| w.dtype() == Dtype::Bf16);
+            let to_f32 = self.conversion.cast == Some(Dtype::F32);
+            if self.bf16_matrices && to_f32 && stored_bf16 && experts.is_none() {
+                let keep = std::mem::replace(&mut self.conversion, Conversion::NONE);
+                let w = self.get_shaped(&wname, &[out as i32, inp as i32]);
+                self.conversion = keep;
+                return Ok(LinearWeights::Bf16AsF32(w?));
+            }
             return Ok(LinearWeights::Dense(self.get_shaped(&wname, &with_lead(&[out as i32, inp as i32]))?));
         }
         let bname = format!("{module}.biases");

@@ -4,11 +4,21 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+
+#include "mlx/array.h"
 
 namespace mlxr {
 
+// A bfloat16 weight as stored: the high half of the f32 with the same value.
+using bf16_t = uint16_t;
+
 // y [M, N] = x [M, K] · w [N, K]ᵀ (row_linear.cc), split over two cores when large enough.
+// bf16 weights are read as the f32 values they are: the same bits as f32 weights.
 void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, int N);
+void row_linear_kernel(const float* x, const bf16_t* w, float* y, int M, int K, int N);
+// The same for a row-contiguous weight array of either dtype.
+void row_linear_array(const float* x, const mlx::core::array& w, float* y, int M, int K, int N);
 
 // y = gelu_approx(x) elementwise over n values (row_gelu.cc); y may alias x.
 void gelu_kernel(const float* x, float* y, size_t n);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -123,16 +124,16 @@ class RowQkv : public CpuOnlyMulti {
       std::vector<float> xn(static_cast<size_t>(R) * H), rows(static_cast<size_t>(R) * nq);
       rms_rows(in(held[0]), in(held[1]), xn.data(), R, H, eps);
       // q: project, norm each head, rotate, lay out by head.
-      row_linear_kernel(xn.data(), in(held[2]), rows.data(), R, H, nq);
+      row_linear_array(xn.data(), held[2], rows.data(), R, H, nq);
       rms_rows(rows.data(), in(held[3]), rows.data(), R * (nq / d), d, eps);
       rope_rows(rows.data(), R, L, nq / d, d, positions, inv);
       to_heads(rows.data(), outs[0], B, L, nq / d, d);
       // k: the same with its own norm; v: normed without weight, not rotated.
-      row_linear_kernel(xn.data(), in(held[4]), rows.data(), R, H, nk);
+      row_linear_array(xn.data(), held[4], rows.data(), R, H, nk);
       rms_rows(rows.data(), in(held[5]), rows.data(), R * (nk / d), d, eps);
       rope_rows(rows.data(), R, L, nk / d, d, positions, inv);
       to_heads(rows.data(), outs[1], B, L, nk / d, d);
-      row_linear_kernel(xn.data(), in(held[6]), rows.data(), R, H, nk);
+      row_linear_array(xn.data(), held[6], rows.data(), R, H, nk);
       rms_rows(rows.data(), nullptr, rows.data(), R * (nk / d), d, eps);
       to_heads(rows.data(), outs[2], B, L, nk / d, d);
     });
@@ -172,16 +173,16 @@ class RowFfn : public CpuOnlyUnary {
       const size_t rh = static_cast<size_t>(R) * H, rf = static_cast<size_t>(R) * F;
       std::vector<float> h(rh), t(rh), g(rf), u(rf);
       RowMajor in;
-      row_linear_kernel(in(held[0]), in(held[2]), t.data(), R, A, H);
+      row_linear_array(in(held[0]), held[2], t.data(), R, A, H);
       rms_rows(t.data(), in(held[3]), t.data(), R, H, eps);
       const float* x = in(held[1]);
       for (size_t i = 0; i < rh; ++i) h[i] = x[i] + t[i];
       rms_rows(h.data(), in(held[4]), t.data(), R, H, eps);
-      row_linear_kernel(t.data(), in(held[5]), g.data(), R, H, F);
-      row_linear_kernel(t.data(), in(held[6]), u.data(), R, H, F);
+      row_linear_array(t.data(), held[5], g.data(), R, H, F);
+      row_linear_array(t.data(), held[6], u.data(), R, H, F);
       gelu_kernel(g.data(), g.data(), rf);
       for (size_t i = 0; i < rf; ++i) g[i] *= u[i];
-      row_linear_kernel(g.data(), in(held[7]), t.data(), R, F, H);
+      row_linear_array(g.data(), held[7], t.data(), R, F, H);
       rms_rows(t.data(), in(held[8]), t.data(), R, H, eps);
       const float scalar = in(held[9])[0];
       for (size_t i = 0; i < rh; ++i) y[i] = (h[i] + t[i]) * scalar;
@@ -242,9 +243,10 @@ class RowRmsNorm : public CpuOnlyUnary {
   float eps_;
 };
 
-// Inputs as the kernels take them: f32 (int32 at `int_input`).
+// Inputs as the kernels take them: f32, bf16 allowed for the weight `matrices`, int32 at
+// `int_input`.
 std::vector<mx::array> prepared(const ArrayList& l, size_t expected, const char* kernel, mx::Stream s,
-                                size_t int_input = SIZE_MAX) {
+                                size_t int_input = SIZE_MAX, std::initializer_list<size_t> matrices = {}) {
   if (l.items.size() != expected) {
     throw std::invalid_argument(std::string(kernel) + ": expected " + std::to_string(expected) + " inputs, got " +
                                 std::to_string(l.items.size()));
@@ -252,13 +254,16 @@ std::vector<mx::array> prepared(const ArrayList& l, size_t expected, const char*
   std::vector<mx::array> out;
   for (size_t i = 0; i < l.items.size(); ++i) {
     const auto& a = l.items[i];
-    const auto want = i == int_input ? mx::int32 : mx::float32;
-    if (a.dtype() != want) {
+    const bool matrix = std::find(matrices.begin(), matrices.end(), i) != matrices.end();
+    const bool ok = i == int_input ? a.dtype() == mx::int32
+                                   : a.dtype() == mx::float32 || (matrix && a.dtype() == mx::bfloat16);
+    if (!ok) {
       throw std::invalid_argument(std::string(kernel) + ": input " + std::to_string(i) + " is not " +
-                                  (i == int_input ? "int32" : "float32"));
+                                  (i == int_input ? "int32" : matrix ? "float32 or bfloat16" : "float32"));
     }
-    // Activations stay as they are (RowMajor reads any strides); positions must be contiguous.
-    out.push_back(i == int_input ? row_contiguous(a, s) : a);
+    // Activations stay as they are (RowMajor reads any strides); weight matrices and positions
+    // are read in place, so they must be row-contiguous (evaluated weights are: no copy).
+    out.push_back(i == int_input || matrix ? row_contiguous(a, s) : a);
   }
   return out;
 }
@@ -271,7 +276,7 @@ void expect(bool ok, const char* kernel, const char* what) {
 
 std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, int32_t batch, float eps) {
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  auto in = prepared(inputs, 9, "row_qkv", s, 7);
+  auto in = prepared(inputs, 9, "row_qkv", s, 7, {2, 4, 6});
   const int H = in[0].ndim() == 2 ? in[0].shape(1) : -1;
   expect(H > 0 && head_dim > 0 && head_dim % 2 == 0, "row_qkv", "expected x [R, H] and an even head_dim");
   expect(batch > 0 && in[0].shape(0) % batch == 0, "row_qkv", "x's rows must be batch · L");
@@ -307,7 +312,7 @@ ArrayPtr row_rms_norm(const ArrayList& inputs, float eps) {
 
 ArrayPtr row_ffn(const ArrayList& inputs, float eps) {
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  auto in = prepared(inputs, 10, "row_ffn", s);
+  auto in = prepared(inputs, 10, "row_ffn", s, SIZE_MAX, {2, 5, 6, 7});
   expect(in[0].ndim() == 2 && in[1].ndim() == 2 && in[0].shape(0) == in[1].shape(0), "row_ffn",
          "expected a [R, A] and x [R, H]");
   const int A = in[0].shape(1), H = in[1].shape(1);

@@ -28,19 +28,31 @@ namespace mx = mlx::core;
 namespace mlxr {
 namespace {
 
+// Weights come as f32 or as bf16, the dtype most checkpoints are stored in. A bf16 value is the
+// f32 with the low 16 bits zero, so reading bf16 weights as f32 in registers gives every product
+// exactly the bits of the f32 kernel on the converted weights, with half the bytes to stream.
+inline float wval(float v) { return v; }
+inline float wval(bf16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // Portable form: the same eight-lane structure in plain C++ (one machine, one code path).
-void block_generic(const float* x, const float* w, float* y, int M, int K, int N, int n0, int n1) {
+template <class W>
+void block_generic(const float* x, const W* w, float* y, int M, int K, int N, int n0, int n1) {
   for (int n = n0; n < n1; ++n) {
-    const float* wr = w + static_cast<size_t>(n) * K;
+    const W* wr = w + static_cast<size_t>(n) * K;
     for (int m = 0; m < M; ++m) {
       const float* xr = x + static_cast<size_t>(m) * K;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       int k = 0;
       for (; k + 8 <= K; k += 8) {
-        for (int l = 0; l < 8; ++l) acc[l] += xr[k + l] * wr[k + l];
+        for (int l = 0; l < 8; ++l) acc[l] += xr[k + l] * wval(wr[k + l]);
       }
       float tail = 0;
-      for (; k < K; ++k) tail += xr[k] * wr[k];
+      for (; k < K; ++k) tail += xr[k] * wval(wr[k]);
       y[static_cast<size_t>(m) * N + n] =
           ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + tail;
     }
@@ -52,12 +64,20 @@ void block_generic(const float* x, const float* w, float* y, int M, int K, int N
 // last-level cache between steps) in runs of four rows of K floats, too short for the hardware
 // prefetcher to ramp up: fetching the block eight rows ahead makes them ~30% faster. Touches
 // no arithmetic.
-inline void prefetch_rows(const float* w, int n, int n1, int K) {
+template <class W>
+inline void prefetch_rows(const W* w, int n, int n1, int K) {
   constexpr int kAhead = 8;
   if (n + kAhead + 4 > n1) return;
   const char* p = reinterpret_cast<const char*>(w + static_cast<size_t>(n + kAhead) * K);
-  const size_t bytes = 4 * static_cast<size_t>(K) * sizeof(float);
+  const size_t bytes = 4 * static_cast<size_t>(K) * sizeof(W);
   for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
+// Eight weights as f32 (bf16: widened and shifted into the high half, exact).
+__attribute__((target("avx2,fma"))) inline __m256 wload8(const float* p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx2,fma"))) inline __m256 wload8(const bf16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
 __attribute__((target("avx2,fma"))) inline float reduce8(__m256 v) {
@@ -71,24 +91,26 @@ __attribute__((target("avx2,fma"))) inline float reduce8(__m256 v) {
 // One output element's arithmetic, whatever block it is computed in: eight lanes over k ≡ l
 // (mod 8) with FMA, a fixed reduction tree, then the tail in order. The blocks below only
 // change how many of these run side by side (register tiling), never their order.
-__attribute__((target("avx2,fma"))) inline float finish(__m256 acc, const float* xr, const float* wr, int k8, int K) {
+template <class W>
+__attribute__((target("avx2,fma"))) inline float finish(__m256 acc, const float* xr, const W* wr, int k8, int K) {
   float t = 0;
-  for (int k = k8; k < K; ++k) t = std::fma(xr[k], wr[k], t);
+  for (int k = k8; k < K; ++k) t = std::fma(xr[k], wval(wr[k]), t);
   return reduce8(acc) + t;
 }
 
 // Four weight rows against three input rows at a time (12 accumulators, 7 loads per 12 FMAs),
 // then two, then one. Every output element gets the same FMA sequence in every tile shape.
-__attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float* w, float* y, int M, int K, int N,
+template <class W>
+__attribute__((target("avx2,fma"))) void block_avx2(const float* x, const W* w, float* y, int M, int K, int N,
                                                    int n0, int n1) {
   const int k8 = K & ~7;
   int n = n0;
   for (; n + 4 <= n1; n += 4) {
     prefetch_rows(w, n, n1, K);
-    const float* w0 = w + static_cast<size_t>(n) * K;
-    const float* w1 = w0 + K;
-    const float* w2 = w1 + K;
-    const float* w3 = w2 + K;
+    const W* w0 = w + static_cast<size_t>(n) * K;
+    const W* w1 = w0 + K;
+    const W* w2 = w1 + K;
+    const W* w3 = w2 + K;
     int m = 0;
     // Three input rows at a time: 12 accumulators, each weight vector loaded once for 3 FMAs.
     for (; m + 3 <= M; m += 3) {
@@ -101,19 +123,19 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
              c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps(), c3 = _mm256_setzero_ps();
       for (int k = 0; k < k8; k += 8) {
         __m256 xv = _mm256_loadu_ps(xa + k), xu = _mm256_loadu_ps(xb + k), xt = _mm256_loadu_ps(xc + k);
-        __m256 v = _mm256_loadu_ps(w0 + k);
+        __m256 v = wload8(w0 + k);
         a0 = _mm256_fmadd_ps(xv, v, a0);
         b0 = _mm256_fmadd_ps(xu, v, b0);
         c0 = _mm256_fmadd_ps(xt, v, c0);
-        v = _mm256_loadu_ps(w1 + k);
+        v = wload8(w1 + k);
         a1 = _mm256_fmadd_ps(xv, v, a1);
         b1 = _mm256_fmadd_ps(xu, v, b1);
         c1 = _mm256_fmadd_ps(xt, v, c1);
-        v = _mm256_loadu_ps(w2 + k);
+        v = wload8(w2 + k);
         a2 = _mm256_fmadd_ps(xv, v, a2);
         b2 = _mm256_fmadd_ps(xu, v, b2);
         c2 = _mm256_fmadd_ps(xt, v, c2);
-        v = _mm256_loadu_ps(w3 + k);
+        v = wload8(w3 + k);
         a3 = _mm256_fmadd_ps(xv, v, a3);
         b3 = _mm256_fmadd_ps(xu, v, b3);
         c3 = _mm256_fmadd_ps(xt, v, c3);
@@ -142,8 +164,8 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
              b2 = _mm256_setzero_ps(), b3 = _mm256_setzero_ps();
       for (int k = 0; k < k8; k += 8) {
         __m256 xv = _mm256_loadu_ps(xa + k), xu = _mm256_loadu_ps(xb + k);
-        __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), v2 = _mm256_loadu_ps(w2 + k),
-               v3 = _mm256_loadu_ps(w3 + k);
+        __m256 v0 = wload8(w0 + k), v1 = wload8(w1 + k), v2 = wload8(w2 + k),
+               v3 = wload8(w3 + k);
         a0 = _mm256_fmadd_ps(xv, v0, a0);
         a1 = _mm256_fmadd_ps(xv, v1, a1);
         a2 = _mm256_fmadd_ps(xv, v2, a2);
@@ -170,10 +192,10 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
              a3 = _mm256_setzero_ps();
       for (int k = 0; k < k8; k += 8) {
         __m256 xv = _mm256_loadu_ps(xr + k);
-        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w0 + k), a0);
-        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w1 + k), a1);
-        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w2 + k), a2);
-        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w3 + k), a3);
+        a0 = _mm256_fmadd_ps(xv, wload8(w0 + k), a0);
+        a1 = _mm256_fmadd_ps(xv, wload8(w1 + k), a1);
+        a2 = _mm256_fmadd_ps(xv, wload8(w2 + k), a2);
+        a3 = _mm256_fmadd_ps(xv, wload8(w3 + k), a3);
       }
       float* yr = y + static_cast<size_t>(m) * N + n;
       yr[0] = finish(a0, xr, w0, k8, K);
@@ -184,11 +206,11 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const float*
   }
   // Leftover weight rows: the same single-row arithmetic.
   for (; n < n1; ++n) {
-    const float* w0 = w + static_cast<size_t>(n) * K;
+    const W* w0 = w + static_cast<size_t>(n) * K;
     for (int m = 0; m < M; ++m) {
       const float* xr = x + static_cast<size_t>(m) * K;
       __m256 a0 = _mm256_setzero_ps();
-      for (int k = 0; k < k8; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xr + k), _mm256_loadu_ps(w0 + k), a0);
+      for (int k = 0; k < k8; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(xr + k), wload8(w0 + k), a0);
       y[static_cast<size_t>(m) * N + n] = finish(a0, xr, w0, k8, K);
     }
   }
@@ -207,17 +229,17 @@ __attribute__((target("avx512f,avx512dq,avx2,fma"))) inline __m512 pair(__m256 l
   return _mm512_insertf32x8(_mm512_insertf32x8(_mm512_setzero_ps(), lo, 0), hi, 1);
 }
 
-template <int MT>
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) inline void tile_avx512(const float* x, const float* w0, float* y,
+template <int MT, class W>
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) inline void tile_avx512(const float* x, const W* w0, float* y,
                                                                            int K, int N, int k8) {
-  const float* w1 = w0 + K;
-  const float* w2 = w1 + K;
-  const float* w3 = w2 + K;
+  const W* w1 = w0 + K;
+  const W* w2 = w1 + K;
+  const W* w3 = w2 + K;
   __m512 lo[MT], hi[MT];  // lo: rows n, n+1; hi: rows n+2, n+3
   for (int m = 0; m < MT; ++m) lo[m] = hi[m] = _mm512_setzero_ps();
   for (int k = 0; k < k8; k += 8) {
-    const __m512 a = pair(_mm256_loadu_ps(w0 + k), _mm256_loadu_ps(w1 + k));
-    const __m512 b = pair(_mm256_loadu_ps(w2 + k), _mm256_loadu_ps(w3 + k));
+    const __m512 a = pair(wload8(w0 + k), wload8(w1 + k));
+    const __m512 b = pair(wload8(w2 + k), wload8(w3 + k));
     for (int m = 0; m < MT; ++m) {
       const __m256 x8 = _mm256_loadu_ps(x + static_cast<size_t>(m) * K + k);
       const __m512 xv = pair(x8, x8);
@@ -235,25 +257,26 @@ __attribute__((target("avx512f,avx512dq,avx2,fma"))) inline void tile_avx512(con
   }
 }
 
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) void block_avx512(const float* x, const float* w, float* y, int M,
+template <class W>
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) void block_avx512(const float* x, const W* w, float* y, int M,
                                                                      int K, int N, int n0, int n1) {
   const int k8 = K & ~7;
   int n = n0;
   for (; n + 4 <= n1; n += 4) {
     prefetch_rows(w, n, n1, K);
-    const float* w0 = w + static_cast<size_t>(n) * K;
+    const W* w0 = w + static_cast<size_t>(n) * K;
     for (int m = 0; m < M; m += 8) {
       const float* xm = x + static_cast<size_t>(m) * K;
       float* ym = y + static_cast<size_t>(m) * N + n;
       switch (std::min(8, M - m)) {
-        case 8: tile_avx512<8>(xm, w0, ym, K, N, k8); break;
-        case 7: tile_avx512<7>(xm, w0, ym, K, N, k8); break;
-        case 6: tile_avx512<6>(xm, w0, ym, K, N, k8); break;
-        case 5: tile_avx512<5>(xm, w0, ym, K, N, k8); break;
-        case 4: tile_avx512<4>(xm, w0, ym, K, N, k8); break;
-        case 3: tile_avx512<3>(xm, w0, ym, K, N, k8); break;
-        case 2: tile_avx512<2>(xm, w0, ym, K, N, k8); break;
-        default: tile_avx512<1>(xm, w0, ym, K, N, k8); break;
+        case 8: tile_avx512<8, W>(xm, w0, ym, K, N, k8); break;
+        case 7: tile_avx512<7, W>(xm, w0, ym, K, N, k8); break;
+        case 6: tile_avx512<6, W>(xm, w0, ym, K, N, k8); break;
+        case 5: tile_avx512<5, W>(xm, w0, ym, K, N, k8); break;
+        case 4: tile_avx512<4, W>(xm, w0, ym, K, N, k8); break;
+        case 3: tile_avx512<3, W>(xm, w0, ym, K, N, k8); break;
+        case 2: tile_avx512<2, W>(xm, w0, ym, K, N, k8); break;
+        default: tile_avx512<1, W>(xm, w0, ym, K, N, k8); break;
       }
     }
   }
@@ -270,7 +293,8 @@ bool has_avx512() {
 
 }  // namespace
 
-void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, int N) {
+template <class W>
+void row_linear_impl(const float* x, const W* w, float* y, int M, int K, int N) {
   auto block = [&](int n0, int n1) {
 #ifdef MLXR_X86
     if (has_avx512()) return block_avx512(x, w, y, M, K, N, n0, n1);
@@ -286,6 +310,22 @@ void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, i
   if (!RowSplit::get().split([&] { block(mid, N); }, [&] { block(0, mid); })) block(0, N);
 }
 
+void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, int N) {
+  row_linear_impl(x, w, y, M, K, N);
+}
+
+void row_linear_kernel(const float* x, const bf16_t* w, float* y, int M, int K, int N) {
+  row_linear_impl(x, w, y, M, K, N);
+}
+
+void row_linear_array(const float* x, const mx::array& w, float* y, int M, int K, int N) {
+  if (w.dtype() == mx::bfloat16) {
+    row_linear_kernel(x, reinterpret_cast<const bf16_t*>(w.data<mx::bfloat16_t>()), y, M, K, N);
+  } else {
+    row_linear_kernel(x, w.data<float>(), y, M, K, N);
+  }
+}
+
 namespace {
 
 class RowLinear : public CpuOnlyUnary {
@@ -295,11 +335,13 @@ class RowLinear : public CpuOnlyUnary {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     // w must be row-contiguous (built so); x, a few rows, is read through RowMajor.
     auto held = hold_row_inputs({inputs[1], inputs[0]}, out, stream(), "RowLinear", 1);
-    const int M = held[1].shape(0), K = held[1].shape(1), N = held[0].shape(0);
+    // x [.., K]: every leading axis is rows.
+    const int K = held[1].shape(-1), N = held[0].shape(0);
+    const int M = K > 0 ? static_cast<int>(held[1].size() / K) : 0;
     mx::cpu::get_command_encoder(stream()).dispatch([x = held[1], w = held[0], out = mx::array::unsafe_weak_copy(out),
                                                      M, K, N]() mutable {
       RowMajor in;
-      row_linear_kernel(in(x), w.data<float>(), out.data<float>(), M, K, N);
+      row_linear_array(in(x), w, out.data<float>(), M, K, N);
     });
   }
 
@@ -311,7 +353,11 @@ class RowLinear : public CpuOnlyUnary {
       if (a == 0) {
         grads.push_back(mx::matmul(cotangents[0], primals[1], stream()));
       } else {
-        grads.push_back(mx::matmul(mx::transpose(cotangents[0], {1, 0}, stream()), primals[0], stream()));
+        auto s = stream();
+        const int N = primals[1].shape(0), K = primals[1].shape(1);
+        auto dy = mx::reshape(cotangents[0], {-1, N}, s);  // [M, N]
+        auto x = mx::reshape(primals[0], {-1, K}, s);      // [M, K]
+        grads.push_back(mx::matmul(mx::transpose(dy, {1, 0}, s), x, s));
       }
     }
     return grads;
@@ -333,19 +379,35 @@ rust::String row_linear_isa() {
 
 bool row_linear_paths_agree(int M, int K, int N) {
 #ifdef MLXR_X86
-  if (!has_avx512()) return true;  // one path on this machine
   std::vector<float> x(static_cast<size_t>(M) * K), w(static_cast<size_t>(N) * K);
   uint32_t s = 12345;
   auto next = [&s] {
     s = s * 1664525u + 1013904223u;
     return static_cast<float>(static_cast<int32_t>(s >> 8) - (1 << 23)) / static_cast<float>(1 << 23);
   };
+  // Weights representable in bf16, so the bf16 forms must give the f32 forms' bits too.
+  std::vector<bf16_t> wb(w.size());
   for (auto& v : x) v = next();
-  for (auto& v : w) v = next();
-  std::vector<float> a(static_cast<size_t>(M) * N), b(a.size());
-  block_avx512(x.data(), w.data(), a.data(), M, K, N, 0, N);
-  block_avx2(x.data(), w.data(), b.data(), M, K, N, 0, N);
-  return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const float f = next();
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    wb[i] = static_cast<bf16_t>(u >> 16);
+    w[i] = wval(wb[i]);
+  }
+  std::vector<float> a(static_cast<size_t>(M) * N), b(a.size()), c(a.size()), d(a.size());
+  auto run = [&](auto* wp, float* out, bool wide) {
+    if (wide && has_avx512()) return block_avx512(x.data(), wp, out, M, K, N, 0, N);
+    if (has_avx2_fma()) return block_avx2(x.data(), wp, out, M, K, N, 0, N);
+    block_generic(x.data(), wp, out, M, K, N, 0, N);
+  };
+  run(w.data(), a.data(), true);
+  run(w.data(), b.data(), false);
+  run(wb.data(), c.data(), true);
+  run(wb.data(), d.data(), false);
+  const size_t bytes = a.size() * sizeof(float);
+  return std::memcmp(a.data(), b.data(), bytes) == 0 && std::memcmp(a.data(), c.data(), bytes) == 0 &&
+         std::memcmp(a.data(), d.data(), bytes) == 0;
 #else
   return true;
 #endif
@@ -354,16 +416,17 @@ bool row_linear_paths_agree(int M, int K, int N) {
 ArrayPtr row_linear(const Array& x, const Array& w) {
   const auto& xi = x.inner;
   const auto& wi = w.inner;
-  if (xi.ndim() != 2 || wi.ndim() != 2 || xi.shape(1) != wi.shape(1)) {
-    throw std::invalid_argument("row_linear: expected x [M, K] and w [N, K]");
+  if (xi.ndim() < 1 || wi.ndim() != 2 || xi.shape(-1) != wi.shape(1)) {
+    throw std::invalid_argument("row_linear: expected x [.., K] and w [N, K]");
   }
-  if (xi.dtype() != mx::float32 || wi.dtype() != mx::float32) {
-    throw std::invalid_argument("row_linear: only float32 is supported");
+  if (xi.dtype() != mx::float32 || (wi.dtype() != mx::float32 && wi.dtype() != mx::bfloat16)) {
+    throw std::invalid_argument("row_linear: x must be float32 and w float32 or bfloat16");
   }
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
   auto wc = row_contiguous(wi, s);
-  return std::make_unique<Array>(mx::array({xi.shape(0), wi.shape(0)}, mx::float32, std::make_shared<RowLinear>(s),
-                                           {xi, wc}));
+  auto shape = xi.shape();
+  shape.back() = wi.shape(0);
+  return std::make_unique<Array>(mx::array(shape, mx::float32, std::make_shared<RowLinear>(s), {xi, wc}));
 }
 
 }  // namespace mlxr

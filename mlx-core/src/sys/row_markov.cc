@@ -42,7 +42,6 @@ class RowMarkovGreedy : public CpuOnlyMulti {
       RowMajor in;
       const float* u = in(held[0]);
       const float* w1 = in(held[1]);
-      const float* w2 = in(held[2]);
       const uint32_t* anchors = held[3].data<uint32_t>();  // contiguous: built so
       const int V = held[0].shape(1), r = held[1].shape(1);
       std::vector<float> p(V);
@@ -53,7 +52,7 @@ class RowMarkovGreedy : public CpuOnlyMulti {
           float* e = e1 + row * r;
           const float* src = w1 + static_cast<size_t>(prev) * r;
           std::copy(src, src + r, e);
-          row_linear_kernel(e, w2, p.data(), 1, r, V);
+          row_linear_array(e, held[2], p.data(), 1, r, V);
           float* l = logits + row * V;
           const float* ur = u + row * V;
           uint32_t best = 0;
@@ -84,9 +83,8 @@ std::unique_ptr<ArrayList> row_markov_greedy(const Array& u, const Array& w1, co
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
   const auto &ui = u.inner, &w1i = w1.inner, &w2i = w2.inner, &ai = anchors.inner;
   auto fail = [](const std::string& what) { throw std::invalid_argument("row_markov_greedy: " + what); };
-  if (ui.dtype() != mx::float32 || w1i.dtype() != mx::float32 || w2i.dtype() != mx::float32) {
-    fail("u, w1 and w2 must be float32");
-  }
+  if (ui.dtype() != mx::float32 || w1i.dtype() != mx::float32) fail("u and w1 must be float32");
+  if (w2i.dtype() != mx::float32 && w2i.dtype() != mx::bfloat16) fail("w2 must be float32 or bfloat16");
   if (ai.dtype() != mx::uint32) fail("anchors must be uint32");
   if (ui.ndim() != 2 || w1i.ndim() != 2 || w2i.ndim() != 2 || ai.ndim() != 1) {
     fail("expected u [T, V], w1 [V, r], w2 [V, r], anchors [R]");

@@ -320,7 +320,7 @@ impl DSparkDrafter {
                     LinearWeights::Quantized(q) => {
                         quantized.insert(name, q);
                     }
-                    LinearWeights::Dense(a) => {
+                    LinearWeights::Dense(a) | LinearWeights::Bf16AsF32(a) => {
                         // Dequantized as stored: matmul parameters come back transposed.
                         let a = if name == "markov.w1" { a } else { a.transpose(&[1, 0])?.contiguous()? };
                         if a.shape()? != want {
@@ -545,7 +545,7 @@ impl DSparkDrafter {
 
         // All greedy with plain f32 tables on the CPU: the whole walk is one node (the same bits).
         let greedy: Vec<bool> = reqs.iter().map(|q| q.sampling.is_greedy()).collect();
-        let fused = match (w1.dense_f32(), w2.dense_f32()) {
+        let fused = match (w1.row_matrix(), w2.row_matrix()) {
             (Some(t1), Some(t2)) if greedy.iter().all(|&g| g) && row_kernels_for(&u)? => {
                 Some(mlx_core::row_markov::greedy(&u, t1, t2, &anchors.astype(Dtype::U32)?, &ns)?)
             }
