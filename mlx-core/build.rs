@@ -39,6 +39,7 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=src/sys/row_confidence.cc");
     println!("cargo:rerun-if-changed=src/sys/row_layer.cc");
     println!("cargo:rerun-if-changed=src/sys/row_markov.cc");
+    println!("cargo:rerun-if-changed=src/sys/row_quantized.cc");
     println!("cargo:rerun-if-changed=src/sys/row_compute.h");
     println!("cargo:rerun-if-changed=src/sys/row_kernel.h");
     println!("cargo:rerun-if-changed=src/sys/row_split.h");
@@ -72,6 +73,7 @@ fn run() -> Result<(), String> {
         .file("src/sys/row_confidence.cc")
         .file("src/sys/row_layer.cc")
         .file("src/sys/row_markov.cc")
+        .file("src/sys/row_quantized.cc")
         // The row-invariant kernels are hot code: optimise it even in dev builds.
         .opt_level(3)
         .include(&include)

@@ -81,6 +81,9 @@ pub struct Resolved {
     pub available_bytes: Option<u64>,
     /// Whether the checkpoint holds quantized weights.
     pub quantized: bool,
+    /// Whether 8- and 4-bit matrices stay packed for the CPU's packed row kernel (the rest is
+    /// converted as `conversion` says).
+    pub packed: bool,
 }
 
 impl Resolved {
@@ -92,7 +95,11 @@ impl Resolved {
                 "{} ({:.2} GB of weights{})",
                 d.as_str(),
                 self.f32_bytes as f64 * d.size() as f64 / 4.0 / 1e9,
-                if self.conversion.dequantize && self.quantized { ", quantized weights dequantized" } else { "" }
+                match (self.quantized, self.packed, self.conversion.dequantize) {
+                    (true, true, _) => ", 8/4-bit matrices read packed, others dequantized",
+                    (true, false, true) => ", quantized weights dequantized",
+                    _ => "",
+                }
             ),
         }
     }
@@ -117,7 +124,7 @@ impl ComputeDtype {
                 }
             }
         };
-        Resolved { conversion, f32_bytes, available_bytes, quantized }
+        Resolved { conversion, f32_bytes, available_bytes, quantized, packed: false }
     }
 }
 

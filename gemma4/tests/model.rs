@@ -164,6 +164,15 @@ fn stepwise_rows_are_one_by_one_decoding_in_f32() {
     let ld = dq.logits(&ids, None).unwrap().to_f32_vec().unwrap();
     let max = lq.iter().zip(&ld).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(max < 1e-3, "dequantized f32 logits differ from the 4-bit kernels' (f32 scales) by {max}");
+    // `auto` keeps the 4-bit matrices packed for the packed row kernel: stepwise rows are still
+    // decode steps, and the logits are the dequantized model's up to rounding.
+    let (packed, resolved) = Model::load_as(&q, ComputeDtype::Auto, cpu).unwrap();
+    assert_eq!(resolved.packed, mlx_core::blas::row_linear_enabled());
+    assert!(resolved.describe().contains("packed") == resolved.packed, "{}", resolved.describe());
+    check_stepwise_rounds(&packed, 13, &rounds);
+    let lp = packed.logits(&ids, None).unwrap().to_f32_vec().unwrap();
+    let max = lp.iter().zip(&ld).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(max < 1e-3, "packed 4-bit logits differ from the dequantized model's by {max}");
 }
 
 #[test]

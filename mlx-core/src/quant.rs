@@ -79,10 +79,31 @@ impl Quantized {
         dequantize(&self.weight, &self.scales, &self.biases, self.spec)
     }
 
-    /// `x @ Wᵀ` for the quantized W `[out, in]` (an `nn.QuantizedLinear` forward).
+    /// `x @ Wᵀ` for the quantized W `[out, in]` (an `nn.QuantizedLinear` forward). A matrix the
+    /// row kernels read packed ([`Quantized::row_readable`]) goes to [`row_quantized_linear`]
+    /// for few rows when they are active (decode steps, verify windows: a row's bits do not
+    /// depend on the batch) and to the f32 BLAS on the dequantized matrix for more (prefill:
+    /// MLX's CPU quantized matmul is far slower than the BLAS); otherwise MLX's quantized
+    /// matmul, as mlx-lm (`MLX_CORE_ROW_LINEAR=0` for the parity gate).
     #[track_caller]
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
+        if self.row_readable() && crate::blas::row_kernels_for(x)? {
+            let inp = x.shape()?.last().copied().unwrap_or(0).max(1) as usize;
+            let rows = x.size()? / inp;
+            if rows > 0 && rows <= crate::blas::ROW_LINEAR_MAX_ROWS {
+                return row_quantized_linear(x, self);
+            }
+            return crate::blas::matmul_t(x, &self.dequantize()?);
+        }
         quantized_matmul(x, &self.weight, &self.scales, &self.biases, true, self.spec)
+    }
+
+    /// Whether [`row_quantized_linear`] can read this matrix: 8 or 4 bits, f32 scales and biases.
+    pub fn row_readable(&self) -> bool {
+        matches!(self.spec.bits(), 4 | 8)
+            && self.scales.dtype() == crate::dtype::Dtype::F32
+            && self.biases.dtype() == crate::dtype::Dtype::F32
+            && self.weight.ndim().is_ok_and(|n| n == 2)
     }
 
     /// Rows `ids` of the table, dequantized (`QuantizedEmbedding`: gather, then dequantize).
@@ -93,6 +114,32 @@ impl Quantized {
         let b = self.biases.take(ids, 0)?;
         dequantize(&w, &s, &b, self.spec)
     }
+}
+
+/// `x @ Wᵀ` for f32 `x` `[.., K]` and an 8- or 4-bit `q` `[N, K]` with f32 scales and biases,
+/// on the CPU -> `[.., N]`: the packed weights are dequantized in registers (`fma(q, scale,
+/// bias)` in f32) and multiplied with [`crate::blas::row_linear`]'s arithmetic, so each row's
+/// bits are those of `row_linear` on the matrix dequantized with the same fma, independent of
+/// the number of rows and of the row's place. Streams the packed bytes once per call.
+#[track_caller]
+pub fn row_quantized_linear(x: &Array, q: &Quantized) -> Result<Array> {
+    Array::wrap(
+        "row_quantized_linear",
+        ffi::row_quantized_linear(
+            x.raw(),
+            q.weight.raw(),
+            q.scales.raw(),
+            q.biases.raw(),
+            q.spec.group_size() as i32,
+            q.spec.bits() as i32,
+        ),
+    )
+}
+
+/// Whether [`row_quantized_linear`]'s vector forms (AVX-512, AVX2, where they run) give its
+/// portable form's bits on random packed `[n, k]` weights and `[m, k]` inputs.
+pub fn row_quantized_paths_agree(m: usize, k: usize, n: usize, spec: QuantSpec) -> bool {
+    ffi::row_quantized_paths_agree(m as i32, k as i32, n as i32, spec.bits() as i32, spec.group_size() as i32)
 }
 
 /// `mx.dequantize(w, scales, biases, group_size, bits)`.

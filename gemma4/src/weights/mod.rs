@@ -125,6 +125,7 @@ pub struct WeightMap {
     quantization: Option<QuantizationConfig>,
     conversion: Conversion,
     bf16_matrices: bool,
+    packed_matrices: bool,
 }
 
 impl WeightMap {
@@ -161,6 +162,7 @@ impl WeightMap {
             quantization,
             conversion: Conversion::NONE,
             bf16_matrices: false,
+            packed_matrices: false,
         }
     }
 
@@ -168,6 +170,14 @@ impl WeightMap {
     /// [`LinearWeights::Bf16AsF32`] instead of converting them, for the CPU's row kernels.
     pub fn keep_bf16_matrices(&mut self, keep: bool) {
         self.bf16_matrices = keep;
+    }
+
+    /// With a conversion that dequantizes to f32: hand out 8- and 4-bit matrices (not stacked
+    /// experts) packed, their scales and biases in f32, for the CPU's packed row kernel
+    /// (`mlx_core::quant::row_quantized_linear`), instead of dequantizing them; other widths
+    /// are dequantized as before.
+    pub fn keep_packed_matrices(&mut self, keep: bool) {
+        self.packed_matrices = keep;
     }
 
     /// Casts (and dequantizes) tensors as they are handed out; see [`crate::compute`].
@@ -338,6 +348,10 @@ impl WeightMap {
             )));
         }
         let q = Quantized { weight, scales, biases, spec };
+        let to_f32 = self.conversion.cast == Some(Dtype::F32);
+        if self.packed_matrices && to_f32 && experts.is_none() && q.row_readable() {
+            return Ok(LinearWeights::Quantized(q));
+        }
         if self.conversion.dequantize {
             // Evaluated now so the packed tensors can be freed as loading goes on.
             let dense = q.dequantize()?;

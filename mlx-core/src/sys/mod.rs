@@ -249,6 +249,16 @@ pub(crate) mod ffi {
         fn row_gelu(x: &Array) -> Result<UniquePtr<Array>>;
         fn row_softcap(x: &Array, cap: f32) -> Result<UniquePtr<Array>>;
         fn row_linear_paths_agree(m: i32, k: i32, n: i32) -> bool;
+        // ---- the same for MLX-affine 8/4-bit weights read packed (row_quantized.cc) ----
+        fn row_quantized_linear(
+            x: &Array,
+            w: &Array,
+            scales: &Array,
+            biases: &Array,
+            group: i32,
+            bits: i32,
+        ) -> Result<UniquePtr<Array>>;
+        fn row_quantized_paths_agree(m: i32, k: i32, n: i32, bits: i32, group: i32) -> bool;
         // ---- row-invariant single-query attention (row_attention.cc) ----
         fn row_attention(inputs: &ArrayList, segments: &[i32], scale: f32) -> Result<UniquePtr<Array>>;
         // ---- a dense layer's few-row chains in two nodes (row_layer.cc) ----

@@ -83,14 +83,6 @@ __attribute__((target("avx2,fma"))) inline __m256 wload8(const bf16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-__attribute__((target("avx2,fma"))) inline float reduce8(__m256 v) {
-  // Fixed tree: (l0+l4, l1+l5, l2+l6, l3+l7), then (0+2, 1+3), then 0+1.
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
-
 // One output element's arithmetic, whatever block it is computed in: eight lanes over k ≡ l
 // (mod 8) with FMA, a fixed reduction tree, then the tail in order. The blocks below only
 // change how many of these run side by side (register tiling), never their order.
@@ -231,15 +223,16 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, const W* w, 
 
 // Eight weights of row r0 and eight of r1 as one 512-bit register [r0 | r1], in as few
 // instructions as the dtype allows (the tiles below are bound by them when weights stream from
-// cache). Zero-extending casts: GCC 12 warns about the undefined upper half of plain casts.
+// cache). Halves inserted into a zero register: GCC 12 warns about the undefined upper half of
+// its casts and zero-extensions between widths (-Wmaybe-uninitialized); the zero folds away.
 __attribute__((target("avx512f,avx512dq,avx2,fma"))) inline __m512 wpair(const float* r0, const float* r1) {
-  return _mm512_insertf32x8(_mm512_zextps256_ps512(_mm256_loadu_ps(r0)), _mm256_loadu_ps(r1), 1);
+  return _mm512_insertf32x8(_mm512_insertf32x8(_mm512_setzero_ps(), _mm256_loadu_ps(r0), 0), _mm256_loadu_ps(r1), 1);
 }
 // bf16: both halves' sixteen values widened at once, then shifted into the f32 high halves.
 __attribute__((target("avx512f,avx512dq,avx2,fma"))) inline __m512 wpair(const bf16_t* r0, const bf16_t* r1) {
   const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0));
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1));
-  const __m256i ab = _mm256_inserti128_si256(_mm256_zextsi128_si256(a), b, 1);
+  const __m256i ab = _mm256_inserti128_si256(_mm256_inserti128_si256(_mm256_setzero_si256(), a, 0), b, 1);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(ab), 16));
 }
 

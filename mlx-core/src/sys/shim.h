@@ -109,6 +109,12 @@ rust::String row_linear_isa();
 // Whether the AVX-512 and AVX2 forms give the same bits on random [M, K] x [N, K] (true when
 // only one form runs here).
 bool row_linear_paths_agree(int M, int K, int N);
+// x [.., K] (f32) @ Wᵀ for an MLX-affine 8- or 4-bit W read packed (uint32 [N, K·bits/32], f32
+// scales and biases [N, K / group]), with row_linear's row invariance (row_quantized.cc).
+ArrayPtr row_quantized_linear(const Array& x, const Array& w, const Array& scales, const Array& biases, int32_t group,
+                              int32_t bits);
+// Whether the vector forms of row_quantized_linear give the portable form's bits on random input.
+bool row_quantized_paths_agree(int32_t M, int32_t K, int32_t N, int32_t bits, int32_t group);
 // Single-query attention of each row of q [B, Hq, n, D] over its own keys and values, given as
 // segments[i] pairs k, v [B, Hkv, L, D] taken in order (inputs: q, then row 0's pairs, row 1's,
 // …), with every row's bits independent of n and of how its keys are cut (row_attention.cc).
