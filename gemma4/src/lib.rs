@@ -36,6 +36,7 @@ mod moe;
 pub mod rope;
 pub mod sampling;
 pub mod staging;
+pub mod step_profile;
 mod tap;
 #[cfg(feature = "testing")]
 pub mod testing;

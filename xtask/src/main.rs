@@ -9,6 +9,7 @@ mod parity;
 mod repeats;
 mod serve_bench;
 mod serve_gate;
+mod steps;
 mod train_default;
 mod venv;
 
@@ -60,13 +61,18 @@ enum Cmd {
         #[arg(long)]
         schedules: bool,
         /// With --schedules: run every setting this many times over (interleaved), and print
-        /// the throughput schedule's ratio to the best static γ per pass.
+        /// the throughput schedule's ratio to the best static γ per pass. With --steps: passes
+        /// over every case (at least 3; the fastest is reported).
         #[arg(long, default_value_t = 1)]
         passes: usize,
         /// Only the CPU fast path's cost targets on the mid-size checkpoint in f32: v(k), the
         /// drafter's round by context length, prefill of 4,096 tokens with and without a drafter.
         #[arg(long)]
         costs: bool,
+        /// Only the cost of a plain decode step (graph building and evaluation) on the default
+        /// model and the mid-size checkpoint as bf16, 8-bit and 4-bit; writes steps.json.
+        #[arg(long)]
+        steps: bool,
         /// Only break a speculative round on this pair down into its parts: MODEL,DRAFTER.
         #[arg(long, value_delimiter = ',')]
         round: Option<Vec<PathBuf>>,
@@ -151,6 +157,13 @@ fn main() -> Result<()> {
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("schedules.json"), serde_json::to_string_pretty(&r)?)?;
             println!("wrote {}", dir.join("schedules.json").display());
+            Ok(())
+        }
+        Cmd::Bench { steps: true, dir, passes, .. } => {
+            let dir = dir.unwrap_or_else(|| target_dir().join("bench"));
+            let r = steps::run(&dir, passes.max(3))?;
+            std::fs::write(dir.join("steps.json"), serde_json::to_string_pretty(&r)?)?;
+            println!("wrote {}", dir.join("steps.json").display());
             Ok(())
         }
         Cmd::Bench { costs: true, dir, .. } => {
