@@ -140,20 +140,20 @@ impl Attention {
         Ok((self.o_proj.forward(&o)?, kv))
     }
 
-    /// The output projection's f32 matrix, for a fused layer tail (None when not plain f32).
-    pub fn o_proj_f32(&self) -> Option<&Array> {
-        self.o_proj.row_matrix()
+    /// The output projection as a fused layer tail reads it (None when it cannot).
+    pub fn o_proj_row(&self) -> Option<mlx_core::row_layer::RowWeight<'_>> {
+        self.o_proj.row_weight()
     }
 
     /// Whether [`AttnInput::Fused`] can serve this layer: its own K and V projections (not a
-    /// KV-shared layer, V not taken from K), all plain f32 matrices and norms.
+    /// KV-shared layer, V not taken from K), f32 norms and matrices the row nodes read.
     pub fn fusable(&self, input_norm: &Array) -> bool {
         let Some(proj) = &self.kv else { return false };
         let Some(v_proj) = &proj.v_proj else { return false };
         let f32s = [input_norm, &self.q_norm, &proj.k_norm].iter().all(|w| w.dtype() == mlx_core::Dtype::F32);
-        f32s && self.q_proj.row_matrix().is_some()
-            && proj.k_proj.row_matrix().is_some()
-            && v_proj.row_matrix().is_some()
+        f32s && self.q_proj.row_weight().is_some()
+            && proj.k_proj.row_weight().is_some()
+            && v_proj.row_weight().is_some()
     }
 
     /// q, k, v of the rows of `x` (un-normed) in one fused row node: input norm, projections,
@@ -163,8 +163,8 @@ impl Attention {
         let (Some(proj), true) = (&self.kv, self.fusable(input_norm)) else {
             return Err(crate::Error::Input { op: "attention", detail: "this layer cannot take fused rows".into() });
         };
-        let v_proj = proj.v_proj.as_ref().and_then(Linear::row_matrix);
-        let (Some(wq), Some(wk), Some(wv)) = (self.q_proj.row_matrix(), proj.k_proj.row_matrix(), v_proj) else {
+        let v_proj = proj.v_proj.as_ref().and_then(Linear::row_weight);
+        let (Some(wq), Some(wk), Some(wv)) = (self.q_proj.row_weight(), proj.k_proj.row_weight(), v_proj) else {
             return Err(crate::Error::Input { op: "attention", detail: "this layer cannot take fused rows".into() });
         };
         let shape = x.shape()?; // [B, L, H]

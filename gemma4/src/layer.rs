@@ -94,12 +94,13 @@ impl DecoderLayer {
     }
 
     /// The weights of the fused tail (`mlx_core::row_layer::ffn`) when this layer is dense with
-    /// plain f32 matrices and no MoE or per-layer-input branch.
+    /// matrices the row nodes read (f32, bf16, 8/4-bit packed) and no MoE or per-layer-input
+    /// branch.
     fn fused_tail_weights(&self) -> Option<mlx_core::row_layer::FfnWeights<'_>> {
         if self.moe.is_some() || self.ple.is_some() {
             return None;
         }
-        let (w_gate, w_up, w_down) = self.mlp.row_matrix()?;
+        let [w_gate, w_up, w_down] = self.mlp.row_weights()?;
         let vectors = [
             &self.post_attention_layernorm,
             &self.pre_feedforward_layernorm,
@@ -110,7 +111,7 @@ impl DecoderLayer {
             return None;
         }
         Some(mlx_core::row_layer::FfnWeights {
-            wo: self.self_attn.o_proj_f32()?,
+            wo: self.self_attn.o_proj_row()?,
             post_attention_norm: &self.post_attention_layernorm,
             pre_feedforward_norm: &self.pre_feedforward_layernorm,
             w_gate,

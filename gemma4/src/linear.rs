@@ -24,9 +24,10 @@ impl Linear {
         self.w.matmul_t(x)
     }
 
-    /// The `[out, in]` matrix the fused row kernels read (f32, or bf16 read as f32), if any.
-    pub fn row_matrix(&self) -> Option<&Array> {
-        self.w.row_matrix()
+    /// The `[out, in]` matrix as the fused row nodes read it (f32, bf16 read as f32, or 8/4-bit
+    /// packed), if they can.
+    pub fn row_weight(&self) -> Option<mlx_core::row_layer::RowWeight<'_>> {
+        self.w.row_weight()
     }
 }
 

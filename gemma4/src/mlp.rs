@@ -26,8 +26,8 @@ impl Mlp {
 
     /// `[B, L, H]` -> `[B, L, H]`
     /// (gate, up, down) when all three are plain f32 matrices.
-    pub fn row_matrix(&self) -> Option<(&Array, &Array, &Array)> {
-        Some((self.gate_proj.row_matrix()?, self.up_proj.row_matrix()?, self.down_proj.row_matrix()?))
+    pub fn row_weights(&self) -> Option<[mlx_core::row_layer::RowWeight<'_>; 3]> {
+        Some([self.gate_proj.row_weight()?, self.up_proj.row_weight()?, self.down_proj.row_weight()?])
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

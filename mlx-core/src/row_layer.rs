@@ -10,6 +10,50 @@
 
 use crate::array::{Array, List};
 use crate::error::Result;
+use crate::quant::Quantized;
+
+/// A weight matrix `[N, K]` of a fused node: dense (f32, or bf16 read as the f32 values it
+/// holds), or an MLX-affine 8/4-bit one read packed (f32 scales and biases; see
+/// [`crate::quant::row_quantized_linear`] for its arithmetic).
+#[derive(Clone, Copy, Debug)]
+pub enum RowWeight<'a> {
+    /// `[N, K]` f32 or bf16
+    Dense(&'a Array),
+    /// packed `[N, K·bits/32]` uint32 with `[N, K / group]` f32 scales and biases
+    Packed(&'a Quantized),
+}
+
+impl<'a> RowWeight<'a> {
+    /// The array that stands in the node's inputs for this matrix.
+    fn matrix(&self) -> &'a Array {
+        match self {
+            RowWeight::Dense(w) => w,
+            RowWeight::Packed(q) => &q.weight,
+        }
+    }
+
+    /// (bits, group): (0, 0) when dense.
+    fn packing(&self) -> [i32; 2] {
+        match self {
+            RowWeight::Dense(_) => [0, 0],
+            RowWeight::Packed(q) => [q.spec.bits() as i32, q.spec.group_size() as i32],
+        }
+    }
+
+    /// Scales and biases, when packed: the inputs after a node's fixed ones.
+    fn extras(&self) -> impl Iterator<Item = &'a Array> {
+        let q = match self {
+            RowWeight::Packed(q) => Some(*q),
+            RowWeight::Dense(_) => None,
+        };
+        q.into_iter().flat_map(|q| [&q.scales, &q.biases])
+    }
+}
+
+/// The packing flags and the extra inputs of a node's matrices, in order.
+fn packing<'a>(ws: &[RowWeight<'a>]) -> (Vec<i32>, Vec<&'a Array>) {
+    (ws.iter().flat_map(RowWeight::packing).collect(), ws.iter().flat_map(RowWeight::extras).collect())
+}
 
 /// The rows [`qkv`] projects: `x` // `[B·L, H]` f32 (batch-major), with the position of each of
 /// the L rows // `[L]` int32.
@@ -30,15 +74,15 @@ pub struct QkvWeights<'a> {
     /// `[H]`
     pub input_norm: &'a Array,
     /// `[Hq·D, H]`
-    pub wq: &'a Array,
+    pub wq: RowWeight<'a>,
     /// `[D]`
     pub q_norm: &'a Array,
     /// `[Hkv·D, H]`
-    pub wk: &'a Array,
+    pub wk: RowWeight<'a>,
     /// `[D]`
     pub k_norm: &'a Array,
     /// `[Hkv·D, H]`
-    pub wv: &'a Array,
+    pub wv: RowWeight<'a>,
     /// `[D / 2]`: pair i of a head at position p turns by `p · inv_freqs[i]`
     pub inv_freqs: &'a Array,
     /// D
@@ -52,8 +96,20 @@ pub struct QkvWeights<'a> {
 /// attention and the KV cache take.
 #[track_caller]
 pub fn qkv(rows: &QkvRows<'_>, w: &QkvWeights<'_>, eps: f32) -> Result<(Array, Array, Array)> {
-    let inputs = List::new([rows.x, w.input_norm, w.wq, w.q_norm, w.wk, w.k_norm, w.wv, rows.positions, w.inv_freqs])?;
-    let out = crate::sys::ffi::row_qkv(inputs.raw(), w.head_dim as i32, rows.batch as i32, eps)
+    let (flags, extras) = packing(&[w.wq, w.wk, w.wv]);
+    let fixed = [
+        rows.x,
+        w.input_norm,
+        w.wq.matrix(),
+        w.q_norm,
+        w.wk.matrix(),
+        w.k_norm,
+        w.wv.matrix(),
+        rows.positions,
+        w.inv_freqs,
+    ];
+    let inputs = List::new(fixed.into_iter().chain(extras))?;
+    let out = crate::sys::ffi::row_qkv(inputs.raw(), &flags, w.head_dim as i32, rows.batch as i32, eps)
         .map_err(|e| crate::error::mlx_err("row_qkv", e))?;
     let mut out = List(out).into_vec("row_qkv")?.into_iter();
     match (out.next(), out.next(), out.next()) {
@@ -70,17 +126,17 @@ pub fn qkv(rows: &QkvRows<'_>, w: &QkvWeights<'_>, eps: f32) -> Result<(Array, A
 #[derive(Clone, Copy, Debug)]
 pub struct FfnWeights<'a> {
     /// `[H, Hq·D]`
-    pub wo: &'a Array,
+    pub wo: RowWeight<'a>,
     /// `[H]`
     pub post_attention_norm: &'a Array,
     /// `[H]`
     pub pre_feedforward_norm: &'a Array,
     /// `[F, H]`
-    pub w_gate: &'a Array,
+    pub w_gate: RowWeight<'a>,
     /// `[F, H]`
-    pub w_up: &'a Array,
+    pub w_up: RowWeight<'a>,
     /// `[H, F]`
-    pub w_down: &'a Array,
+    pub w_down: RowWeight<'a>,
     /// `[H]`
     pub post_feedforward_norm: &'a Array,
     /// one value
@@ -93,19 +149,21 @@ pub struct FfnWeights<'a> {
 /// a // `[R, Hq·D]`, x // `[R, H]` -> `[R, H]`
 #[track_caller]
 pub fn ffn(a: &Array, x: &Array, w: &FfnWeights<'_>, eps: f32) -> Result<Array> {
-    let inputs = List::new([
+    let (flags, extras) = packing(&[w.wo, w.w_gate, w.w_up, w.w_down]);
+    let fixed = [
         a,
         x,
-        w.wo,
+        w.wo.matrix(),
         w.post_attention_norm,
         w.pre_feedforward_norm,
-        w.w_gate,
-        w.w_up,
-        w.w_down,
+        w.w_gate.matrix(),
+        w.w_up.matrix(),
+        w.w_down.matrix(),
         w.post_feedforward_norm,
         w.layer_scalar,
-    ])?;
-    Array::wrap("row_ffn", crate::sys::ffi::row_ffn(inputs.raw(), eps))
+    ];
+    let inputs = List::new(fixed.into_iter().chain(extras))?;
+    Array::wrap("row_ffn", crate::sys::ffi::row_ffn(inputs.raw(), &flags, eps))
 }
 
 /// `rms_norm(x)·w` over the last axis of f32 `x` (no weight: the plain norm), one node: MLX's

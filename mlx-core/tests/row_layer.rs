@@ -2,7 +2,7 @@
 //! and every row's bits independent of how many rows are computed together.
 
 use mlx_core::fast::RopeFreqs;
-use mlx_core::row_layer::{self, FfnWeights, QkvRows, QkvWeights};
+use mlx_core::row_layer::{self, FfnWeights, QkvRows, QkvWeights, RowWeight};
 use mlx_core::{fast, gelu_approx, random, Array, Dtype, Error};
 
 type R = Result<(), Error>;
@@ -76,11 +76,11 @@ impl Layer {
     fn qkv_weights(&self) -> QkvWeights<'_> {
         QkvWeights {
             input_norm: &self.in_norm,
-            wq: &self.wq,
+            wq: RowWeight::Dense(&self.wq),
             q_norm: &self.q_norm,
-            wk: &self.wk,
+            wk: RowWeight::Dense(&self.wk),
             k_norm: &self.k_norm,
-            wv: &self.wv,
+            wv: RowWeight::Dense(&self.wv),
             inv_freqs: &self.inv_freqs,
             head_dim: D as usize,
         }
@@ -96,12 +96,12 @@ impl Layer {
 
     fn ffn_weights(&self) -> FfnWeights<'_> {
         FfnWeights {
-            wo: &self.wo,
+            wo: RowWeight::Dense(&self.wo),
             post_attention_norm: &self.post_attn,
             pre_feedforward_norm: &self.pre_ff,
-            w_gate: &self.wg,
-            w_up: &self.wu,
-            w_down: &self.wd,
+            w_gate: RowWeight::Dense(&self.wg),
+            w_up: RowWeight::Dense(&self.wu),
+            w_down: RowWeight::Dense(&self.wd),
             post_feedforward_norm: &self.post_ff,
             layer_scalar: &self.scalar,
         }
@@ -191,7 +191,7 @@ fn mismatched_inputs_are_refused_by_name() {
     let x = normal(&[2, H], 40, 1.0);
     let positions = Array::from_slice(&[0i32, 1], &[2]).unwrap();
     let rows = QkvRows { x: &x, batch: 1, positions: &positions };
-    let bad = QkvWeights { wv: &l.wo, ..l.qkv_weights() };
+    let bad = QkvWeights { wv: RowWeight::Dense(&l.wo), ..l.qkv_weights() };
     let err = row_layer::qkv(&rows, &bad, EPS).unwrap_err();
     assert!(err.to_string().contains("row_qkv"), "{err}");
     let float_positions = positions.astype(Dtype::F32).unwrap();

@@ -3,6 +3,7 @@
 //! agrees with MLX's quantized matmul); its vector forms give the portable form's bits.
 
 use mlx_core::quant::{self, QuantSpec, Quantized};
+use mlx_core::row_layer::{self, FfnWeights, QkvRows, QkvWeights, RowWeight};
 use mlx_core::{random, Array, Dtype};
 
 fn f32s(a: &Array) -> Vec<f32> {
@@ -79,6 +80,69 @@ fn quantized_matmul_picks_the_row_kernel_for_few_rows() {
             let packed = quant::row_quantized_linear(&x, &q).unwrap();
             assert_eq!(got.to_bytes().unwrap(), packed.to_bytes().unwrap(), "{rows} rows: not the row kernel");
         }
+    }
+}
+
+/// The fused layer nodes read packed matrices as the packed kernel does: their outputs are those
+/// of the same nodes on the fma-dequantized dense matrices, bit for bit, and mixed forms work.
+#[test]
+fn fused_nodes_read_packed_matrices() {
+    let (h, d, hq, f) = (64usize, 32usize, 2usize, 128usize);
+    let w = |n: usize, k: usize, seed: u64| {
+        random::normal(&[n as i32, k as i32], Dtype::F32, 0.0, 0.1, &random::key(seed).unwrap()).unwrap()
+    };
+    let ones = |n: usize| Array::ones(&[n as i32], Dtype::F32).unwrap();
+    let inv: Vec<f32> = (0..d / 2).map(|i| 10000f32.powf(-2.0 * i as f32 / d as f32)).collect();
+    let inv = Array::from_slice(&inv, &[d as i32 / 2]).unwrap();
+    let x = random::normal(&[5, h as i32], Dtype::F32, 0.0, 1.0, &random::key(77).unwrap()).unwrap();
+    let positions = Array::from_slice(&[3i32, 4, 5, 6, 7], &[5]).unwrap();
+    let rows = QkvRows { x: &x, batch: 1, positions: &positions };
+    let a = random::normal(&[5, (hq * d) as i32], Dtype::F32, 0.0, 1.0, &random::key(78).unwrap()).unwrap();
+    let scalar = Array::from_slice(&[0.5f32], &[1]).unwrap();
+    for bits in [8, 4] {
+        let spec = QuantSpec::new(bits, 32).unwrap();
+        let dense = [w(hq * d, h, 1), w(d, h, 2), w(d, h, 3), w(h, hq * d, 4), w(f, h, 5), w(f, h, 6), w(h, f, 7)];
+        let packed: Vec<Quantized> = dense.iter().map(|m| quant::quantize(m, spec).unwrap()).collect();
+        let shapes = [(hq * d, h), (d, h), (d, h), (h, hq * d), (f, h), (f, h), (h, f)];
+        let deq: Vec<Array> = packed.iter().zip(shapes).map(|(q, (n, k))| fma_dequantized(q, n, k)).collect();
+        let pick = |i: usize, p: bool| if p { RowWeight::Packed(&packed[i]) } else { RowWeight::Dense(&deq[i]) };
+        let (n1, n2) = (ones(h), ones(d));
+        let qkv_w = |p: bool| QkvWeights {
+            input_norm: &n1,
+            wq: pick(0, p),
+            q_norm: &n2,
+            wk: pick(1, p),
+            k_norm: &n2,
+            wv: pick(2, p),
+            inv_freqs: &inv,
+            head_dim: d,
+        };
+        let (pq, pk_, pv) = row_layer::qkv(&rows, &qkv_w(true), 1e-6).unwrap();
+        let (dq, dk, dv) = row_layer::qkv(&rows, &qkv_w(false), 1e-6).unwrap();
+        for (p, q) in [(&pq, &dq), (&pk_, &dk), (&pv, &dv)] {
+            assert_eq!(p.to_bytes().unwrap(), q.to_bytes().unwrap(), "{bits}-bit: packed q/k/v node differs");
+        }
+        let mixed = QkvWeights { wk: pick(1, false), ..qkv_w(true) };
+        let (_, mk, _) = row_layer::qkv(&rows, &mixed, 1e-6).unwrap();
+        assert_eq!(mk.to_bytes().unwrap(), dk.to_bytes().unwrap(), "{bits}-bit: a dense k beside packed q and v");
+        let (n3, n4) = (ones(h), ones(h));
+        let ffn_w = |p: bool| FfnWeights {
+            wo: pick(3, p),
+            post_attention_norm: &n3,
+            pre_feedforward_norm: &n4,
+            w_gate: pick(4, p),
+            w_up: pick(5, p),
+            w_down: pick(6, p),
+            post_feedforward_norm: &n3,
+            layer_scalar: &scalar,
+        };
+        let pf = row_layer::ffn(&a, &x, &ffn_w(true), 1e-6).unwrap();
+        let df = row_layer::ffn(&a, &x, &ffn_w(false), 1e-6).unwrap();
+        assert_eq!(pf.to_bytes().unwrap(), df.to_bytes().unwrap(), "{bits}-bit: packed FFN node differs");
+        // A packed matrix whose scales do not fit is refused, naming them.
+        let bad = Quantized { scales: packed[4].scales.slice_axis(1, 0, 1).unwrap(), ..packed[4].clone() };
+        let err = row_layer::ffn(&a, &x, &FfnWeights { w_gate: RowWeight::Packed(&bad), ..ffn_w(true) }, 1e-6);
+        assert!(err.unwrap_err().to_string().contains("scales and biases"), "{bits}-bit");
     }
 }
 

@@ -67,6 +67,16 @@ impl LinearWeights {
         }
     }
 
+    /// The matrix as the fused row nodes take it: [`Self::row_matrix`], or an 8/4-bit matrix
+    /// with f32 scales read packed.
+    pub fn row_weight(&self) -> Option<mlx_core::row_layer::RowWeight<'_>> {
+        use mlx_core::row_layer::RowWeight;
+        match self {
+            LinearWeights::Quantized(q) if q.row_readable() => Some(RowWeight::Packed(q)),
+            _ => self.row_matrix().map(RowWeight::Dense),
+        }
+    }
+
     /// Rows at `ids` of a `[rows, dims]` table (quantized: gather, then dequantize) // [..] -> `[.., dims]`
     pub fn gather(&self, ids: &Array) -> Result<Array> {
         Ok(match self {

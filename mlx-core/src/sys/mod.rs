@@ -262,8 +262,14 @@ pub(crate) mod ffi {
         // ---- row-invariant single-query attention (row_attention.cc) ----
         fn row_attention(inputs: &ArrayList, segments: &[i32], scale: f32) -> Result<UniquePtr<Array>>;
         // ---- a dense layer's few-row chains in two nodes (row_layer.cc) ----
-        fn row_qkv(inputs: &ArrayList, head_dim: i32, batch: i32, eps: f32) -> Result<UniquePtr<ArrayList>>;
-        fn row_ffn(inputs: &ArrayList, eps: f32) -> Result<UniquePtr<Array>>;
+        fn row_qkv(
+            inputs: &ArrayList,
+            packing: &[i32],
+            head_dim: i32,
+            batch: i32,
+            eps: f32,
+        ) -> Result<UniquePtr<ArrayList>>;
+        fn row_ffn(inputs: &ArrayList, packing: &[i32], eps: f32) -> Result<UniquePtr<Array>>;
         fn row_rms_norm(inputs: &ArrayList, eps: f32) -> Result<UniquePtr<Array>>;
         // ---- a drafter's greedy Markov walk in one node (row_markov.cc) ----
         fn row_markov_greedy(

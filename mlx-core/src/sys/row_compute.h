@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "mlx/array.h"
 
@@ -19,6 +20,18 @@ void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, i
 void row_linear_kernel(const float* x, const bf16_t* w, float* y, int M, int K, int N);
 // The same for a row-contiguous weight array of either dtype.
 void row_linear_array(const float* x, const mlx::core::array& w, float* y, int M, int K, int N);
+
+// A weight matrix as the fused kernels take it: dense (f32 or bf16 [N, K]), or MLX-affine
+// packed when bits > 0 (uint32 [N, K·bits/32], f32 scales and biases [N, K / group]).
+struct RowMatrix {
+  mlx::core::array w;
+  std::optional<mlx::core::array> scales, biases;
+  int group = 0;
+  int bits = 0;
+};
+// y [M, N] = x [M, K] · Wᵀ for either form (row_quantized.cc): the packed form's rows are
+// row_linear's on the matrix dequantized with fma(q, scale, bias).
+void row_matrix_apply(const float* x, const RowMatrix& m, float* y, int M, int K, int N);
 
 // y = gelu_approx(x) elementwise over n values (row_gelu.cc); y may alias x.
 void gelu_kernel(const float* x, float* y, size_t n);

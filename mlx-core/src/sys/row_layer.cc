@@ -103,19 +103,46 @@ void to_heads(const float* rows, float* out, int B, int L, int heads, int D) {
   }
 }
 
+// Per weight matrix of a node, in order: (bits, group), bits 0 for a dense matrix. A packed
+// matrix's scales and biases follow the node's fixed inputs, in matrix order.
+using Packing = std::vector<std::pair<int, int>>;
+constexpr size_t kQkvInputs = 9;
+constexpr size_t kFfnInputs = 10;
+
+// The node's weight matrices (inputs at `slots`) as the kernels read them.
+std::vector<RowMatrix> matrices(const std::vector<mx::array>& held, size_t fixed, std::initializer_list<size_t> slots,
+                                const Packing& packing) {
+  std::vector<RowMatrix> out;
+  size_t extra = fixed, i = 0;
+  for (size_t slot : slots) {
+    const auto [bits, group] = packing[i++];
+    RowMatrix m{held[slot], std::nullopt, std::nullopt, group, bits};
+    if (bits > 0) {
+      m.scales = held[extra];
+      m.biases = held[extra + 1];
+      extra += 2;
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
 // inputs: x [R = B·L, H], input norm [H], wq [Hq·D, H], q norm [D], wk [Hkv·D, H], k norm [D],
 // wv [Hkv·D, H], positions [L] int32, RoPE inverse frequencies [D/2]. outputs: q [B, Hq, L, D]
 // and k [B, Hkv, L, D] (each head normed with its weight, then roped), v [B, Hkv, L, D] (each
 // head normed without weight). The cache stays outside.
 class RowQkv : public CpuOnlyMulti {
  public:
-  RowQkv(mx::Stream s, int head_dim, int batch, float eps) : CpuOnlyMulti(s), d_(head_dim), b_(batch), eps_(eps) {}
+  RowQkv(mx::Stream s, int head_dim, int batch, float eps, Packing packing)
+      : CpuOnlyMulti(s), d_(head_dim), b_(batch), eps_(eps), packing_(std::move(packing)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto held = hold_all(inputs, outputs, stream(), "RowQkv");
     std::vector<float*> outs;
     for (auto& o : outputs) outs.push_back(o.data<float>());
-    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), outs, d = d_, B = b_, eps = eps_]() {
+    auto w = matrices(held, kQkvInputs, {2, 4, 6}, packing_);
+    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), w = std::move(w), outs, d = d_, B = b_,
+                                                     eps = eps_]() {
       const int R = held[0].shape(0), H = held[0].shape(1), L = R / B;
       const int nq = held[2].shape(0), nk = held[4].shape(0);
       const int32_t* positions = held[7].data<int32_t>();  // contiguous: checked when built
@@ -124,16 +151,16 @@ class RowQkv : public CpuOnlyMulti {
       std::vector<float> xn(static_cast<size_t>(R) * H), rows(static_cast<size_t>(R) * nq);
       rms_rows(in(held[0]), in(held[1]), xn.data(), R, H, eps);
       // q: project, norm each head, rotate, lay out by head.
-      row_linear_array(xn.data(), held[2], rows.data(), R, H, nq);
+      row_matrix_apply(xn.data(), w[0], rows.data(), R, H, nq);
       rms_rows(rows.data(), in(held[3]), rows.data(), R * (nq / d), d, eps);
       rope_rows(rows.data(), R, L, nq / d, d, positions, inv);
       to_heads(rows.data(), outs[0], B, L, nq / d, d);
       // k: the same with its own norm; v: normed without weight, not rotated.
-      row_linear_array(xn.data(), held[4], rows.data(), R, H, nk);
+      row_matrix_apply(xn.data(), w[1], rows.data(), R, H, nk);
       rms_rows(rows.data(), in(held[5]), rows.data(), R * (nk / d), d, eps);
       rope_rows(rows.data(), R, L, nk / d, d, positions, inv);
       to_heads(rows.data(), outs[1], B, L, nk / d, d);
-      row_linear_array(xn.data(), held[6], rows.data(), R, H, nk);
+      row_matrix_apply(xn.data(), w[2], rows.data(), R, H, nk);
       rms_rows(rows.data(), nullptr, rows.data(), R * (nk / d), d, eps);
       to_heads(rows.data(), outs[2], B, L, nk / d, d);
     });
@@ -148,13 +175,14 @@ class RowQkv : public CpuOnlyMulti {
   DEFINE_NAME(RowQkv)
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const RowQkv&>(other);
-    return d_ == o.d_ && b_ == o.b_ && eps_ == o.eps_;
+    return d_ == o.d_ && b_ == o.b_ && eps_ == o.eps_ && packing_ == o.packing_;
   }
 
  private:
   int d_;
   int b_;
   float eps_;
+  Packing packing_;
 };
 
 // inputs: attention output a [R, Hq·D], residual x [R, H], wo [H, Hq·D], post-attention norm
@@ -164,25 +192,27 @@ class RowQkv : public CpuOnlyMulti {
 //   out = (h + norm((gelu(t·w_gateᵀ) ∗ t·w_upᵀ)·w_downᵀ)·post_ff) · scalar.
 class RowFfn : public CpuOnlyUnary {
  public:
-  RowFfn(mx::Stream s, float eps) : CpuOnlyUnary(s), eps_(eps) {}
+  RowFfn(mx::Stream s, float eps, Packing packing) : CpuOnlyUnary(s), eps_(eps), packing_(std::move(packing)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto held = hold_row_inputs(inputs, out, stream(), "RowFfn", 0);
-    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), y = out.data<float>(), eps = eps_]() {
+    auto w = matrices(held, kFfnInputs, {2, 5, 6, 7}, packing_);
+    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), w = std::move(w), y = out.data<float>(),
+                                                     eps = eps_]() {
       const int R = held[0].shape(0), A = held[0].shape(1), H = held[1].shape(1), F = held[5].shape(0);
       const size_t rh = static_cast<size_t>(R) * H, rf = static_cast<size_t>(R) * F;
       std::vector<float> h(rh), t(rh), g(rf), u(rf);
       RowMajor in;
-      row_linear_array(in(held[0]), held[2], t.data(), R, A, H);
+      row_matrix_apply(in(held[0]), w[0], t.data(), R, A, H);
       rms_rows(t.data(), in(held[3]), t.data(), R, H, eps);
       const float* x = in(held[1]);
       for (size_t i = 0; i < rh; ++i) h[i] = x[i] + t[i];
       rms_rows(h.data(), in(held[4]), t.data(), R, H, eps);
-      row_linear_array(t.data(), held[5], g.data(), R, H, F);
-      row_linear_array(t.data(), held[6], u.data(), R, H, F);
+      row_matrix_apply(t.data(), w[1], g.data(), R, H, F);
+      row_matrix_apply(t.data(), w[2], u.data(), R, H, F);
       gelu_kernel(g.data(), g.data(), rf);
       for (size_t i = 0; i < rf; ++i) g[i] *= u[i];
-      row_linear_array(g.data(), held[7], t.data(), R, F, H);
+      row_matrix_apply(g.data(), w[3], t.data(), R, F, H);
       rms_rows(t.data(), in(held[8]), t.data(), R, H, eps);
       const float scalar = in(held[9])[0];
       for (size_t i = 0; i < rh; ++i) y[i] = (h[i] + t[i]) * scalar;
@@ -195,11 +225,13 @@ class RowFfn : public CpuOnlyUnary {
 
   DEFINE_NAME(RowFfn)
   bool is_equivalent(const mx::Primitive& other) const override {
-    return eps_ == static_cast<const RowFfn&>(other).eps_;
+    const auto& o = static_cast<const RowFfn&>(other);
+    return eps_ == o.eps_ && packing_ == o.packing_;
   }
 
  private:
   float eps_;
+  Packing packing_;
 };
 
 // rms_norm(x)·w over the last axis of f32 x (w optional) in one node: MLX's fast::rms_norm has
@@ -243,10 +275,23 @@ class RowRmsNorm : public CpuOnlyUnary {
   float eps_;
 };
 
-// Inputs as the kernels take them: f32, bf16 allowed for the weight `matrices`, int32 at
-// `int_input`.
-std::vector<mx::array> prepared(const ArrayList& l, size_t expected, const char* kernel, mx::Stream s,
-                                size_t int_input = SIZE_MAX, std::initializer_list<size_t> matrices = {}) {
+// Inputs as the kernels take them: f32, bf16 allowed for the weight `matrices`, uint32 for a
+// packed one (whose f32 scales and biases follow the `fixed` inputs), int32 at `int_input`.
+std::vector<mx::array> prepared(const ArrayList& l, size_t fixed, const char* kernel, mx::Stream s,
+                                size_t int_input = SIZE_MAX, std::initializer_list<size_t> matrices = {},
+                                const Packing& packing = {}) {
+  size_t packed = 0;
+  for (const auto& [bits, group] : packing) {
+    if (bits != 0 && bits != 4 && bits != 8) throw std::invalid_argument(std::string(kernel) + ": packed matrices take 4 or 8 bits");
+    if (bits != 0 && group != 32 && group != 64 && group != 128) {
+      throw std::invalid_argument(std::string(kernel) + ": packed matrices take groups of 32, 64 or 128");
+    }
+    packed += bits != 0;
+  }
+  if (packing.size() != matrices.size() && !packing.empty()) {
+    throw std::invalid_argument(std::string(kernel) + ": one packing entry per weight matrix expected");
+  }
+  const size_t expected = fixed + 2 * packed;
   if (l.items.size() != expected) {
     throw std::invalid_argument(std::string(kernel) + ": expected " + std::to_string(expected) + " inputs, got " +
                                 std::to_string(l.items.size()));
@@ -254,18 +299,54 @@ std::vector<mx::array> prepared(const ArrayList& l, size_t expected, const char*
   std::vector<mx::array> out;
   for (size_t i = 0; i < l.items.size(); ++i) {
     const auto& a = l.items[i];
-    const bool matrix = std::find(matrices.begin(), matrices.end(), i) != matrices.end();
+    const auto at = std::find(matrices.begin(), matrices.end(), i);
+    const bool matrix = at != matrices.end();
+    const bool is_packed = matrix && !packing.empty() && packing[at - matrices.begin()].first != 0;
     const bool ok = i == int_input ? a.dtype() == mx::int32
+                    : is_packed    ? a.dtype() == mx::uint32
                                    : a.dtype() == mx::float32 || (matrix && a.dtype() == mx::bfloat16);
     if (!ok) {
       throw std::invalid_argument(std::string(kernel) + ": input " + std::to_string(i) + " is not " +
-                                  (i == int_input ? "int32" : matrix ? "float32 or bfloat16" : "float32"));
+                                  (i == int_input ? "int32" : is_packed ? "uint32 (packed)" : matrix ? "float32 or bfloat16" : "float32"));
     }
-    // Activations stay as they are (RowMajor reads any strides); weight matrices and positions
-    // are read in place, so they must be row-contiguous (evaluated weights are: no copy).
-    out.push_back(i == int_input || matrix ? row_contiguous(a, s) : a);
+    // Activations stay as they are (RowMajor reads any strides); weight matrices, their scales
+    // and biases and positions are read in place, so they must be row-contiguous (evaluated
+    // weights are: no copy).
+    out.push_back(i == int_input || matrix || i >= fixed ? row_contiguous(a, s) : a);
   }
   return out;
+}
+
+// Checks a packed matrix's scales and biases against its [N, K] and returns K: the columns of
+// the matrix the node multiplies by (for a packed one, the unpacked width).
+int matrix_cols(const std::vector<mx::array>& in, size_t slot, size_t fixed, std::initializer_list<size_t> slots,
+                const Packing& packing, const char* kernel) {
+  size_t extra = fixed, i = 0;
+  for (size_t m : slots) {
+    const auto [bits, group] = packing.empty() ? std::pair<int, int>{0, 0} : packing[i];
+    ++i;
+    if (m != slot) {
+      extra += bits != 0 ? 2 : 0;
+      continue;
+    }
+    if (in[slot].ndim() != 2) throw std::invalid_argument(std::string(kernel) + ": weight matrices must be 2-D");
+    if (bits == 0) return in[slot].shape(1);
+    const int K = static_cast<int>(static_cast<int64_t>(in[slot].shape(1)) * 32 / bits);
+    for (size_t e : {extra, extra + 1}) {
+      if (in[e].ndim() != 2 || in[e].shape(0) != in[slot].shape(0) || in[e].shape(1) * group != K) {
+        throw std::invalid_argument(std::string(kernel) + ": a packed matrix's scales and biases must be [N, K / group]");
+      }
+    }
+    return K;
+  }
+  return -1;
+}
+
+Packing packing_of(rust::Slice<const int32_t> flat, const char* kernel) {
+  if (flat.size() % 2 != 0) throw std::invalid_argument(std::string(kernel) + ": packing comes as (bits, group) pairs");
+  Packing p;
+  for (size_t i = 0; i + 1 < flat.size(); i += 2) p.emplace_back(flat[i], flat[i + 1]);
+  return p;
 }
 
 void expect(bool ok, const char* kernel, const char* what) {
@@ -274,22 +355,25 @@ void expect(bool ok, const char* kernel, const char* what) {
 
 }  // namespace
 
-std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, int32_t batch, float eps) {
+std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, rust::Slice<const int32_t> packing_flat, int32_t head_dim,
+                                   int32_t batch, float eps) {
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  auto in = prepared(inputs, 9, "row_qkv", s, 7, {2, 4, 6});
+  auto packing = packing_of(packing_flat, "row_qkv");
+  if (packing.empty()) packing.assign(3, {0, 0});
+  auto in = prepared(inputs, kQkvInputs, "row_qkv", s, 7, {2, 4, 6}, packing);
   const int H = in[0].ndim() == 2 ? in[0].shape(1) : -1;
   expect(H > 0 && head_dim > 0 && head_dim % 2 == 0, "row_qkv", "expected x [R, H] and an even head_dim");
   expect(batch > 0 && in[0].shape(0) % batch == 0, "row_qkv", "x's rows must be batch · L");
-  for (int i : {2, 4, 6}) {
-    expect(in[i].ndim() == 2 && in[i].shape(1) == H && in[i].shape(0) % head_dim == 0, "row_qkv",
-           "projection weights must be [heads·head_dim, H]");
+  for (size_t i : {2, 4, 6}) {
+    expect(matrix_cols(in, i, kQkvInputs, {2, 4, 6}, packing, "row_qkv") == H && in[i].shape(0) % head_dim == 0,
+           "row_qkv", "projection weights must be [heads·head_dim, H]");
   }
   expect(in[4].shape(0) == in[6].shape(0), "row_qkv", "k and v projections must have the same shape");
   for (int i : {3, 5}) expect(in[i].size() == static_cast<size_t>(head_dim), "row_qkv", "q/k norms must be [head_dim]");
   expect(in[1].size() == static_cast<size_t>(H), "row_qkv", "the input norm must be [H]");
   expect(in[7].size() == static_cast<size_t>(in[0].shape(0) / batch), "row_qkv", "positions must be [L]");
   expect(in[8].size() == static_cast<size_t>(head_dim / 2), "row_qkv", "inverse frequencies must be [head_dim / 2]");
-  auto prim = std::make_shared<RowQkv>(s, head_dim, batch, eps);
+  auto prim = std::make_shared<RowQkv>(s, head_dim, batch, eps, std::move(packing));
   auto shapes = prim->output_shapes(in);
   auto outs = mx::array::make_arrays(shapes, {mx::float32, mx::float32, mx::float32}, prim, in);
   auto l = std::make_unique<ArrayList>();
@@ -310,21 +394,23 @@ ArrayPtr row_rms_norm(const ArrayList& inputs, float eps) {
   return std::make_unique<Array>(mx::array(shape, mx::float32, prim, std::move(in)));
 }
 
-ArrayPtr row_ffn(const ArrayList& inputs, float eps) {
+ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing_flat, float eps) {
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
-  auto in = prepared(inputs, 10, "row_ffn", s, SIZE_MAX, {2, 5, 6, 7});
+  auto packing = packing_of(packing_flat, "row_ffn");
+  if (packing.empty()) packing.assign(4, {0, 0});
+  auto in = prepared(inputs, kFfnInputs, "row_ffn", s, SIZE_MAX, {2, 5, 6, 7}, packing);
   expect(in[0].ndim() == 2 && in[1].ndim() == 2 && in[0].shape(0) == in[1].shape(0), "row_ffn",
          "expected a [R, A] and x [R, H]");
   const int A = in[0].shape(1), H = in[1].shape(1);
-  expect(in[2].ndim() == 2 && in[2].shape(0) == H && in[2].shape(1) == A, "row_ffn", "wo must be [H, A]");
-  expect(in[5].ndim() == 2 && in[5].shape(1) == H && in[6].shape() == in[5].shape(), "row_ffn",
-         "gate and up weights must be [F, H]");
+  auto cols = [&](size_t i) { return matrix_cols(in, i, kFfnInputs, {2, 5, 6, 7}, packing, "row_ffn"); };
+  expect(in[2].shape(0) == H && cols(2) == A, "row_ffn", "wo must be [H, A]");
+  expect(cols(5) == H && cols(6) == H && in[5].shape(0) == in[6].shape(0), "row_ffn", "gate and up weights must be [F, H]");
   const int F = in[5].shape(0);
-  expect(in[7].ndim() == 2 && in[7].shape(0) == H && in[7].shape(1) == F, "row_ffn", "the down weight must be [H, F]");
+  expect(in[7].shape(0) == H && cols(7) == F, "row_ffn", "the down weight must be [H, F]");
   for (int i : {3, 4, 8}) expect(in[i].size() == static_cast<size_t>(H), "row_ffn", "norm weights must be [H]");
   expect(in[9].size() == 1, "row_ffn", "the layer scalar must hold one value");
   const int R = in[1].shape(0);
-  auto prim = std::make_shared<RowFfn>(s, eps);
+  auto prim = std::make_shared<RowFfn>(s, eps, std::move(packing));
   return std::make_unique<Array>(mx::array({R, H}, mx::float32, prim, std::move(in)));
 }
 

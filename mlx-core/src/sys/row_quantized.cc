@@ -22,6 +22,7 @@
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "mlx-core/src/sys/row_compute.h"
 #include "mlx-core/src/sys/row_kernel.h"
 #include "mlx-core/src/sys/row_split.h"
 
@@ -322,6 +323,12 @@ ArrayPtr row_quantized_linear(const Array& x, const Array& w, const Array& scale
   std::vector<mx::array> in{xi, row_contiguous(wi, s), row_contiguous(scales.inner, s), row_contiguous(biases.inner, s)};
   auto outs = mx::array::make_arrays({shape}, {mx::float32}, std::make_shared<RowQuantizedLinear>(s, group, bits), in);
   return std::make_unique<Array>(outs[0]);
+}
+
+void row_matrix_apply(const float* x, const RowMatrix& m, float* y, int M, int K, int N) {
+  if (m.bits == 0) return row_linear_array(x, m.w, y, M, K, N);
+  const Packed p{m.w.data<uint8_t>(), m.scales->data<float>(), m.biases->data<float>(), K, m.group, m.bits};
+  row_quantized_kernel(x, p, y, M, N);
 }
 
 bool row_quantized_paths_agree(int32_t M, int32_t K, int32_t N, int32_t bits, int32_t group) {

@@ -123,10 +123,14 @@ ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segme
 // inputs x [B·L, H], input norm, wq, q norm, wk, k norm, wv, positions [L] (int32), RoPE inverse
 // frequencies; outputs q, k, v [B, heads, L, head_dim], each head RMS-normed (v without weight),
 // q and k roped.
-std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, int32_t head_dim, int32_t batch, float eps);
+// `packing`: (bits, group) per projection (wq, wk, wv), bits 0 for dense; a packed (uint32)
+// matrix's f32 scales and biases follow the nine inputs, in that order. Empty: all dense.
+std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, rust::Slice<const int32_t> packing, int32_t head_dim,
+                                   int32_t batch, float eps);
 // The rest of the layer after attention, one node (row_layer.cc): inputs a, x, wo, post-attention
 // norm, pre-feedforward norm, w_gate, w_up, w_down, post-feedforward norm, layer scalar.
-ArrayPtr row_ffn(const ArrayList& inputs, float eps);
+// `packing` as row_qkv's, for wo, w_gate, w_up, w_down (scales and biases after the ten inputs).
+ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing, float eps);
 // rms_norm over the last axis of f32 x, times the optional weight (inputs: x [, w]), one node.
 ArrayPtr row_rms_norm(const ArrayList& inputs, float eps);
 // The greedy Markov walk of R draft blocks in one node (row_markov.cc): u [T, V], w1 and w2
