@@ -94,10 +94,13 @@ impl DecoderLayer {
     }
 
     /// The weights of the fused tail (`mlx_core::row_layer::ffn`) when this layer is dense with
-    /// matrices the row nodes read (f32, bf16, 8/4-bit packed) and no MoE or per-layer-input
-    /// branch.
-    fn fused_tail_weights(&self) -> Option<mlx_core::row_layer::FfnWeights<'_>> {
-        if self.moe.is_some() || self.ple.is_some() {
+    /// matrices the row nodes read (f32, bf16, 8/4-bit packed) and no MoE; a per-layer-input
+    /// branch rides along with `per_layer_input` (its rows flattened, `[R, P]`).
+    fn fused_tail_weights<'a>(
+        &'a self,
+        per_layer_input: Option<&'a Array>,
+    ) -> Option<mlx_core::row_layer::FfnWeights<'a>> {
+        if self.moe.is_some() {
             return None;
         }
         let [w_gate, w_up, w_down] = self.mlp.row_weights()?;
@@ -110,6 +113,21 @@ impl DecoderLayer {
         if vectors.iter().any(|v| v.dtype() != mlx_core::Dtype::F32) {
             return None;
         }
+        let per_layer = match (&self.ple, per_layer_input) {
+            (None, _) => None,
+            (Some(_), None) => return None,
+            (Some(g), Some(input)) => {
+                if g.post_per_layer_input_norm.dtype() != mlx_core::Dtype::F32 {
+                    return None;
+                }
+                Some(mlx_core::row_layer::PerLayerTail {
+                    input,
+                    gate: g.per_layer_input_gate.row_weight()?,
+                    projection: g.per_layer_projection.row_weight()?,
+                    post_norm: &g.post_per_layer_input_norm,
+                })
+            }
+        };
         Some(mlx_core::row_layer::FfnWeights {
             wo: self.self_attn.o_proj_row()?,
             post_attention_norm: &self.post_attention_layernorm,
@@ -119,6 +137,7 @@ impl DecoderLayer {
             w_down,
             post_feedforward_norm: &self.post_feedforward_layernorm,
             layer_scalar: &self.layer_scalar,
+            per_layer,
         })
     }
 
@@ -172,10 +191,14 @@ impl DecoderLayer {
                 AttnInput::Normed(&normed)
             }
         };
-        if let Some(w) = self.fused_tail_weights().filter(|_| fused) {
+        let flat = |t: &Array| t.reshape(&[rows as i32, -1]);
+        let pli = match (fused, per_layer_input) {
+            (true, Some(p)) => Some(flat(p)?), // [R, P]
+            _ => None,
+        };
+        if let Some(w) = self.fused_tail_weights(pli.as_ref()).filter(|_| fused) {
             let (a, kv) = self.self_attn.forward_heads(input, attend, caches, shared, 0)?; // [B, L, Hq·D]
             let shape = x.shape()?; // [B, L, H]
-            let flat = |t: &Array| t.reshape(&[rows as i32, -1]);
             let out = mlx_core::row_layer::ffn(&flat(&a)?, &flat(x)?, &w, self.eps)?;
             return Ok((out.reshape(&shape)?, kv));
         }

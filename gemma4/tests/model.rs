@@ -135,6 +135,16 @@ fn stepwise_rows_are_one_by_one_decoding_in_f32() {
     for plen in [3, 11] {
         check_stepwise_rounds(&a, plen, &rounds);
     }
+    // The fused row nodes (≤ 64 rows; PLE tails included: config A has per-layer inputs)
+    // compute what the composed BLAS path (more rows) does, up to rounding.
+    let p70 = prompt(70);
+    let full = a.logits(&ids_array(&p70).unwrap(), None).unwrap(); // [1, 70, V]: composed
+    let mut cache = a.new_cache();
+    a.forward(&ids_array(&p70[..66]).unwrap(), Some(&mut cache)).unwrap();
+    let tail = a.logits(&ids_array(&p70[66..]).unwrap(), Some(&mut cache)).unwrap(); // 4 fused rows
+    let (want, got) = (full.slice_axis(1, 66, 70).unwrap().to_f32_vec().unwrap(), tail.to_f32_vec().unwrap());
+    let max = want.iter().zip(&got).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(max < 1e-3, "fused rows differ from the composed forward by {max}");
     // `load_as` keeps the bf16 matrices bf16 for the row kernels; converting them to f32 first
     // must give the same bits, for a prompt, a decode step and a stepwise window.
     let cfg = gemma4::TextConfig::from_dir(common::tiny_a()).unwrap();

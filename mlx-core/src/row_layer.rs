@@ -141,16 +141,33 @@ pub struct FfnWeights<'a> {
     pub post_feedforward_norm: &'a Array,
     /// one value
     pub layer_scalar: &'a Array,
+    /// Gemma-4's per-layer input branch (PLE), in layers that have one.
+    pub per_layer: Option<PerLayerTail<'a>>,
+}
+
+/// The per-layer-input branch at the end of a PLE layer (see [`ffn`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PerLayerTail<'a> {
+    /// `[R, P]`: this layer's slice of the per-layer inputs, one row per row of x
+    pub input: &'a Array,
+    /// `[P, H]`
+    pub gate: RowWeight<'a>,
+    /// `[H, P]`
+    pub projection: RowWeight<'a>,
+    /// `[H]`
+    pub post_norm: &'a Array,
 }
 
 /// Everything after attention: `h = x + rms_norm(a·woᵀ)·post_attention_norm`,
 /// `t = rms_norm(h)·pre_feedforward_norm`,
-/// `out = (h + rms_norm((gelu(t·w_gateᵀ) ∗ t·w_upᵀ)·w_downᵀ)·post_feedforward_norm)·layer_scalar`.
+/// `h = h + rms_norm((gelu(t·w_gateᵀ) ∗ t·w_upᵀ)·w_downᵀ)·post_feedforward_norm`; with a
+/// per-layer tail `h = h + rms_norm((gelu(h·gateᵀ) ∗ input)·projectionᵀ)·post_norm`;
+/// `out = h·layer_scalar`.
 /// a // `[R, Hq·D]`, x // `[R, H]` -> `[R, H]`
 #[track_caller]
 pub fn ffn(a: &Array, x: &Array, w: &FfnWeights<'_>, eps: f32) -> Result<Array> {
-    let (flags, extras) = packing(&[w.wo, w.w_gate, w.w_up, w.w_down]);
-    let fixed = [
+    let mut matrices = vec![w.wo, w.w_gate, w.w_up, w.w_down];
+    let mut fixed = vec![
         a,
         x,
         w.wo.matrix(),
@@ -162,8 +179,13 @@ pub fn ffn(a: &Array, x: &Array, w: &FfnWeights<'_>, eps: f32) -> Result<Array> 
         w.post_feedforward_norm,
         w.layer_scalar,
     ];
+    if let Some(p) = &w.per_layer {
+        matrices.extend([p.gate, p.projection]);
+        fixed.extend([p.input, p.gate.matrix(), p.projection.matrix(), p.post_norm]);
+    }
+    let (flags, extras) = packing(&matrices);
     let inputs = List::new(fixed.into_iter().chain(extras))?;
-    Array::wrap("row_ffn", crate::sys::ffi::row_ffn(inputs.raw(), &flags, eps))
+    Array::wrap("row_ffn", crate::sys::ffi::row_ffn(inputs.raw(), &flags, w.per_layer.is_some(), eps))
 }
 
 /// `rms_norm(x)·w` over the last axis of f32 `x` (no weight: the plain norm), one node: MLX's

@@ -2,7 +2,7 @@
 //! and every row's bits independent of how many rows are computed together.
 
 use mlx_core::fast::RopeFreqs;
-use mlx_core::row_layer::{self, FfnWeights, QkvRows, QkvWeights, RowWeight};
+use mlx_core::row_layer::{self, FfnWeights, PerLayerTail, QkvRows, QkvWeights, RowWeight};
 use mlx_core::{fast, gelu_approx, random, Array, Dtype, Error};
 
 type R = Result<(), Error>;
@@ -104,6 +104,7 @@ impl Layer {
             w_down: RowWeight::Dense(&self.wd),
             post_feedforward_norm: &self.post_ff,
             layer_scalar: &self.scalar,
+            per_layer: None,
         }
     }
 }
@@ -154,6 +155,51 @@ fn ffn_is_the_composed_chain() -> R {
     assert_eq!(out.shape()?, vec![4, H]);
     let diff = max_abs_diff(&out, &want);
     assert!(diff < 1e-4, "fused tail differs from the composed chain by {diff}");
+    Ok(())
+}
+
+/// With Gemma-4's per-layer input branch (PLE) the tail also gates the per-layer input and adds
+/// its normed projection before the layer scalar; each row is still its own.
+#[test]
+fn ffn_with_a_per_layer_input_is_the_composed_chain() -> R {
+    const P: i32 = 40;
+    let l = layer();
+    let (a, x, pli) = (normal(&[6, HQ * D], 23, 1.0), normal(&[6, H], 24, 1.0), normal(&[6, P], 25, 1.0));
+    let (wpg, wpp, post) = (normal(&[P, H], 26, 0.2), normal(&[H, P], 27, 0.2), normal(&[H], 28, 0.5).add_scalar(1.0)?);
+    let tail = |input: &Array| {
+        let per_layer = Some(PerLayerTail {
+            input: &input.clone(),
+            gate: RowWeight::Dense(&wpg),
+            projection: RowWeight::Dense(&wpp),
+            post_norm: &post,
+        });
+        // PerLayerTail borrows: build the node here and hand back its output.
+        row_layer::ffn(
+            &a.slice_axis(0, 0, input.dim(0).unwrap()).unwrap(),
+            &x.slice_axis(0, 0, input.dim(0).unwrap()).unwrap(),
+            &FfnWeights { per_layer, ..l.ffn_weights() },
+            EPS,
+        )
+    };
+    let out = tail(&pli)?;
+    let h = x.add(&fast::rms_norm(&lin(&a, &l.wo), Some(&l.post_attn), EPS)?)?;
+    let t = fast::rms_norm(&h, Some(&l.pre_ff), EPS)?;
+    let m = gelu_approx(&lin(&t, &l.wg))?.multiply(&lin(&t, &l.wu))?;
+    let h = h.add(&fast::rms_norm(&lin(&m, &l.wd), Some(&l.post_ff), EPS)?)?;
+    let g = gelu_approx(&lin(&h, &wpg))?.multiply(&pli)?;
+    let want = h.add(&fast::rms_norm(&lin(&g, &wpp), Some(&post), EPS)?)?.multiply(&l.scalar)?;
+    let diff = max_abs_diff(&out, &want);
+    assert!(diff < 1e-4, "fused tail with PLE differs from the composed chain by {diff}");
+    let first = tail(&pli.slice_axis(0, 0, 1)?)?;
+    assert_eq!(bits(&first), bits(&out.slice_axis(0, 0, 1)?), "row 0 alone");
+    let bad = PerLayerTail {
+        input: &pli,
+        gate: RowWeight::Dense(&wpp),
+        projection: RowWeight::Dense(&wpp),
+        post_norm: &post,
+    };
+    let err = row_layer::ffn(&a, &x, &FfnWeights { per_layer: Some(bad), ..l.ffn_weights() }, EPS).unwrap_err();
+    assert!(err.to_string().contains("per-layer input gate"), "{err}");
     Ok(())
 }
 

@@ -135,6 +135,7 @@ fn fused_nodes_read_packed_matrices() {
             w_down: pick(6, p),
             post_feedforward_norm: &n3,
             layer_scalar: &scalar,
+            per_layer: None,
         };
         let pf = row_layer::ffn(&a, &x, &ffn_w(true), 1e-6).unwrap();
         let df = row_layer::ffn(&a, &x, &ffn_w(false), 1e-6).unwrap();

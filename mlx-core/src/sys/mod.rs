@@ -269,7 +269,7 @@ pub(crate) mod ffi {
             batch: i32,
             eps: f32,
         ) -> Result<UniquePtr<ArrayList>>;
-        fn row_ffn(inputs: &ArrayList, packing: &[i32], eps: f32) -> Result<UniquePtr<Array>>;
+        fn row_ffn(inputs: &ArrayList, packing: &[i32], ple: bool, eps: f32) -> Result<UniquePtr<Array>>;
         fn row_rms_norm(inputs: &ArrayList, eps: f32) -> Result<UniquePtr<Array>>;
         // ---- a drafter's greedy Markov walk in one node (row_markov.cc) ----
         fn row_markov_greedy(

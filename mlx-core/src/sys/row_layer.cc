@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -108,9 +107,10 @@ void to_heads(const float* rows, float* out, int B, int L, int heads, int D) {
 using Packing = std::vector<std::pair<int, int>>;
 constexpr size_t kQkvInputs = 9;
 constexpr size_t kFfnInputs = 10;
+constexpr size_t kFfnPleInputs = 14;
 
 // The node's weight matrices (inputs at `slots`) as the kernels read them.
-std::vector<RowMatrix> matrices(const std::vector<mx::array>& held, size_t fixed, std::initializer_list<size_t> slots,
+std::vector<RowMatrix> matrices(const std::vector<mx::array>& held, size_t fixed, const std::vector<size_t>& slots,
                                 const Packing& packing) {
   std::vector<RowMatrix> out;
   size_t extra = fixed, i = 0;
@@ -187,18 +187,22 @@ class RowQkv : public CpuOnlyMulti {
 
 // inputs: attention output a [R, Hq·D], residual x [R, H], wo [H, Hq·D], post-attention norm
 // [H], pre-feedforward norm [H], w_gate [F, H], w_up [F, H], w_down [H, F], post-feedforward
-// norm [H], layer scalar [1]. output [R, H]:
+// norm [H], layer scalar [1]; with a per-layer input (Gemma-4's PLE), also that input
+// pli [R, P], its gate w_pg [P, H], projection w_pp [H, P] and post norm [H]. output [R, H]:
 //   h = x + norm(a·woᵀ)·post_attn;  t = norm(h)·pre_ff;
-//   out = (h + norm((gelu(t·w_gateᵀ) ∗ t·w_upᵀ)·w_downᵀ)·post_ff) · scalar.
+//   h = h + norm((gelu(t·w_gateᵀ) ∗ t·w_upᵀ)·w_downᵀ)·post_ff;
+//   with PLE: h = h + norm((gelu(h·w_pgᵀ) ∗ pli)·w_ppᵀ)·post_ple;  out = h · scalar.
 class RowFfn : public CpuOnlyUnary {
  public:
-  RowFfn(mx::Stream s, float eps, Packing packing) : CpuOnlyUnary(s), eps_(eps), packing_(std::move(packing)) {}
+  RowFfn(mx::Stream s, float eps, Packing packing, bool ple)
+      : CpuOnlyUnary(s), eps_(eps), packing_(std::move(packing)), ple_(ple) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto held = hold_row_inputs(inputs, out, stream(), "RowFfn", 0);
-    auto w = matrices(held, kFfnInputs, {2, 5, 6, 7}, packing_);
+    auto w = ple_ ? matrices(held, kFfnPleInputs, {2, 5, 6, 7, 11, 12}, packing_)
+                  : matrices(held, kFfnInputs, {2, 5, 6, 7}, packing_);
     mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), w = std::move(w), y = out.data<float>(),
-                                                     eps = eps_]() {
+                                                     eps = eps_, ple = ple_]() {
       const int R = held[0].shape(0), A = held[0].shape(1), H = held[1].shape(1), F = held[5].shape(0);
       const size_t rh = static_cast<size_t>(R) * H, rf = static_cast<size_t>(R) * F;
       std::vector<float> h(rh), t(rh), g(rf), u(rf);
@@ -214,8 +218,21 @@ class RowFfn : public CpuOnlyUnary {
       for (size_t i = 0; i < rf; ++i) g[i] *= u[i];
       row_matrix_apply(g.data(), w[3], t.data(), R, F, H);
       rms_rows(t.data(), in(held[8]), t.data(), R, H, eps);
+      for (size_t i = 0; i < rh; ++i) h[i] += t[i];
+      if (ple) {
+        const int P = held[10].shape(1);
+        const size_t rp = static_cast<size_t>(R) * P;
+        std::vector<float> p(rp);
+        row_matrix_apply(h.data(), w[4], p.data(), R, H, P);
+        gelu_kernel(p.data(), p.data(), rp);
+        const float* pli = in(held[10]);
+        for (size_t i = 0; i < rp; ++i) p[i] *= pli[i];
+        row_matrix_apply(p.data(), w[5], t.data(), R, P, H);
+        rms_rows(t.data(), in(held[13]), t.data(), R, H, eps);
+        for (size_t i = 0; i < rh; ++i) h[i] += t[i];
+      }
       const float scalar = in(held[9])[0];
-      for (size_t i = 0; i < rh; ++i) y[i] = (h[i] + t[i]) * scalar;
+      for (size_t i = 0; i < rh; ++i) y[i] = h[i] * scalar;
     });
   }
 
@@ -226,12 +243,13 @@ class RowFfn : public CpuOnlyUnary {
   DEFINE_NAME(RowFfn)
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const RowFfn&>(other);
-    return eps_ == o.eps_ && packing_ == o.packing_;
+    return eps_ == o.eps_ && packing_ == o.packing_ && ple_ == o.ple_;
   }
 
  private:
   float eps_;
   Packing packing_;
+  bool ple_;
 };
 
 // rms_norm(x)·w over the last axis of f32 x (w optional) in one node: MLX's fast::rms_norm has
@@ -278,7 +296,7 @@ class RowRmsNorm : public CpuOnlyUnary {
 // Inputs as the kernels take them: f32, bf16 allowed for the weight `matrices`, uint32 for a
 // packed one (whose f32 scales and biases follow the `fixed` inputs), int32 at `int_input`.
 std::vector<mx::array> prepared(const ArrayList& l, size_t fixed, const char* kernel, mx::Stream s,
-                                size_t int_input = SIZE_MAX, std::initializer_list<size_t> matrices = {},
+                                size_t int_input = SIZE_MAX, const std::vector<size_t>& matrices = {},
                                 const Packing& packing = {}) {
   size_t packed = 0;
   for (const auto& [bits, group] : packing) {
@@ -319,7 +337,7 @@ std::vector<mx::array> prepared(const ArrayList& l, size_t fixed, const char* ke
 
 // Checks a packed matrix's scales and biases against its [N, K] and returns K: the columns of
 // the matrix the node multiplies by (for a packed one, the unpacked width).
-int matrix_cols(const std::vector<mx::array>& in, size_t slot, size_t fixed, std::initializer_list<size_t> slots,
+int matrix_cols(const std::vector<mx::array>& in, size_t slot, size_t fixed, const std::vector<size_t>& slots,
                 const Packing& packing, const char* kernel) {
   size_t extra = fixed, i = 0;
   for (size_t m : slots) {
@@ -394,15 +412,17 @@ ArrayPtr row_rms_norm(const ArrayList& inputs, float eps) {
   return std::make_unique<Array>(mx::array(shape, mx::float32, prim, std::move(in)));
 }
 
-ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing_flat, float eps) {
+ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing_flat, bool ple, float eps) {
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
   auto packing = packing_of(packing_flat, "row_ffn");
-  if (packing.empty()) packing.assign(4, {0, 0});
-  auto in = prepared(inputs, kFfnInputs, "row_ffn", s, SIZE_MAX, {2, 5, 6, 7}, packing);
+  const size_t fixed = ple ? kFfnPleInputs : kFfnInputs;
+  const std::vector<size_t> slots = ple ? std::vector<size_t>{2, 5, 6, 7, 11, 12} : std::vector<size_t>{2, 5, 6, 7};
+  if (packing.empty()) packing.assign(slots.size(), {0, 0});
+  auto in = prepared(inputs, fixed, "row_ffn", s, SIZE_MAX, slots, packing);
   expect(in[0].ndim() == 2 && in[1].ndim() == 2 && in[0].shape(0) == in[1].shape(0), "row_ffn",
          "expected a [R, A] and x [R, H]");
   const int A = in[0].shape(1), H = in[1].shape(1);
-  auto cols = [&](size_t i) { return matrix_cols(in, i, kFfnInputs, {2, 5, 6, 7}, packing, "row_ffn"); };
+  auto cols = [&](size_t i) { return matrix_cols(in, i, fixed, slots, packing, "row_ffn"); };
   expect(in[2].shape(0) == H && cols(2) == A, "row_ffn", "wo must be [H, A]");
   expect(cols(5) == H && cols(6) == H && in[5].shape(0) == in[6].shape(0), "row_ffn", "gate and up weights must be [F, H]");
   const int F = in[5].shape(0);
@@ -410,7 +430,14 @@ ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing_fla
   for (int i : {3, 4, 8}) expect(in[i].size() == static_cast<size_t>(H), "row_ffn", "norm weights must be [H]");
   expect(in[9].size() == 1, "row_ffn", "the layer scalar must hold one value");
   const int R = in[1].shape(0);
-  auto prim = std::make_shared<RowFfn>(s, eps, std::move(packing));
+  if (ple) {
+    expect(in[10].ndim() == 2 && in[10].shape(0) == R, "row_ffn", "the per-layer input must be [R, P]");
+    const int P = in[10].shape(1);
+    expect(in[11].shape(0) == P && cols(11) == H, "row_ffn", "the per-layer input gate must be [P, H]");
+    expect(in[12].shape(0) == H && cols(12) == P, "row_ffn", "the per-layer projection must be [H, P]");
+    expect(in[13].size() == static_cast<size_t>(H), "row_ffn", "the per-layer post norm must be [H]");
+  }
+  auto prim = std::make_shared<RowFfn>(s, eps, std::move(packing), ple);
   return std::make_unique<Array>(mx::array({R, H}, mx::float32, prim, std::move(in)));
 }
 

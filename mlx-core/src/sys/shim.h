@@ -129,8 +129,10 @@ std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, rust::Slice<const in
                                    int32_t batch, float eps);
 // The rest of the layer after attention, one node (row_layer.cc): inputs a, x, wo, post-attention
 // norm, pre-feedforward norm, w_gate, w_up, w_down, post-feedforward norm, layer scalar.
-// `packing` as row_qkv's, for wo, w_gate, w_up, w_down (scales and biases after the ten inputs).
-ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing, float eps);
+// `ple`: four more inputs, the per-layer input [R, P], its gate [P, H], projection [H, P] and
+// post norm [H]. `packing` as row_qkv's, for wo, w_gate, w_up, w_down (and the PLE gate and
+// projection), scales and biases after the fixed inputs.
+ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing, bool ple, float eps);
 // rms_norm over the last axis of f32 x, times the optional weight (inputs: x [, w]), one node.
 ArrayPtr row_rms_norm(const ArrayList& inputs, float eps);
 // The greedy Markov walk of R draft blocks in one node (row_markov.cc): u [T, V], w1 and w2
