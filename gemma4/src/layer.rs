@@ -179,12 +179,11 @@ impl DecoderLayer {
         // Few f32 rows on the CPU (decode steps, verify windows): the layer's chains as fused
         // row nodes, each row's bits its own, so decode steps and verify rows still agree.
         let rows = x.size()? / (self.hidden_width(x)?);
-        let fused = rows_from == 0
-            && shared.is_none()
-            && rows <= mlx_core::blas::ROW_LINEAR_MAX_ROWS
-            && mlx_core::blas::row_kernels_for(x)?;
+        let fused =
+            rows_from == 0 && rows <= mlx_core::blas::ROW_LINEAR_MAX_ROWS && mlx_core::blas::row_kernels_for(x)?;
         let normed;
-        let input = match fused && self.self_attn.fusable(&self.input_layernorm) {
+        // A KV-shared layer projects only q (its K/V come from `shared`): composed; its tail fuses.
+        let input = match fused && shared.is_none() && self.self_attn.fusable(&self.input_layernorm) {
             true => AttnInput::Fused { x, input_norm: &self.input_layernorm },
             false => {
                 normed = self.norm(x, &self.input_layernorm)?;
