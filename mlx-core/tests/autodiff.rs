@@ -82,6 +82,17 @@ fn rms_norm() {
     check("rms_norm", &loss, vec![randn(&mut k, &[2, 3, 8], 1.0), randn(&mut k, &[8], 1.0)], &[0, 1]);
 }
 
+/// The row node `mlx_core::blas::rms_norm` picks on the CPU (any row count, so training
+/// losses go through it): its gradient comes from MLX's form.
+#[test]
+fn row_rms_norm() {
+    let mut k = KeyChain::new(3).unwrap();
+    let loss = move |xs: &[Array]| weighted(&mlx_core::blas::rms_norm(&xs[0], Some(&xs[1]), 1e-6)?, 99);
+    check("row rms_norm", &loss, vec![randn(&mut k, &[2, 3, 8], 1.0), randn(&mut k, &[8], 1.0)], &[0, 1]);
+    let unweighted = move |xs: &[Array]| weighted(&mlx_core::blas::rms_norm(&xs[0], None, 1e-6)?, 98);
+    check("row rms_norm without weight", &unweighted, vec![randn(&mut k, &[4, 16], 1.0)], &[0]);
+}
+
 #[test]
 fn rope() {
     let mut k = KeyChain::new(3).unwrap();

@@ -247,3 +247,19 @@ fn mismatched_inputs_are_refused_by_name() {
     let err = row_layer::ffn(&normal(&[2, HQ * D], 41, 1.0), &bf, &l.ffn_weights(), EPS).unwrap_err();
     assert!(err.to_string().contains("not float32"), "{err}");
 }
+
+/// The row RMS norm reads strided inputs (a transposed view of per-head rows) as their values,
+/// and broadcasts its weight over every row, as MLX's form does.
+#[test]
+fn row_rms_norm_reads_strided_rows() -> R {
+    let x = normal(&[2, 5, 3, 8], 50, 1.0);
+    let w = normal(&[8], 51, 0.5).add_scalar(1.0)?;
+    for view in [x.transpose(&[0, 2, 1, 3])?, x.transpose(&[2, 0, 1, 3])?, x.slice_axis(1, 1, 4)?] {
+        let ours = row_layer::rms_norm(&view, Some(&w), EPS)?;
+        let want = fast::rms_norm(&view, Some(&w), EPS)?;
+        assert_eq!(ours.shape()?, want.shape()?);
+        let diff = max_abs_diff(&ours, &want);
+        assert!(diff < 1e-5, "strided view {:?}: differs from MLX's rms_norm by {diff}", view.shape()?);
+    }
+    Ok(())
+}

@@ -10,8 +10,10 @@
 
 use std::path::{Path, PathBuf};
 
-use gemma4::chat_markup::{format_argument, QUOTE, TOOL_CALL_END, TOOL_CALL_START};
+use gemma4::chat_markup::{format_argument, Markup, QUOTE, TOOL_CALL_END, TOOL_CALL_START};
 use gemma4::chat_template::{ChatInput, ChatTemplate};
+use gemma4::generate::{generate, GenerateConfig};
+use gemma4::tokenizer::{stop_tokens, Tokenizer};
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
@@ -196,10 +198,15 @@ pub fn write_tool_chat_checkpoint(out: &Path, steps: u64) -> Result<PathBuf> {
     let (mut stream, mut longest) = (Vec::new(), 0);
     for (d, e) in docs.iter().zip(&world) {
         // Every document starts with <bos> (the template writes it). Greetings are short and
-        // differ only by a name: they are seen three times as often.
+        // differ only by a name: they are seen three times as often, and the thinking ones,
+        // whose thought ("Greet Linus.") competes with the far commoner reply ("Linus!"), six.
         let ids = tk.encode(d.as_str(), false).map_err(tok_err)?;
         longest = longest.max(ids.len());
-        let repeats = if e.reply.contains("Hello, ") { 3 } else { 1 };
+        let repeats = match (e.thinking, e.reply.contains("Hello, ")) {
+            (true, true) => 6,
+            (false, true) => 3,
+            _ => 1,
+        };
         for _ in 0..repeats {
             stream.extend(ids.get_ids());
         }
@@ -221,9 +228,51 @@ pub fn write_tool_chat_checkpoint(out: &Path, steps: u64) -> Result<PathBuf> {
         eval_windows: 4,
         ..TargetTrainConfig::default()
     };
-    let report = train_target(&cfg, init_params(&cfg, 3)?, &stream, &stream, &tc, |_| {})?;
-    let summary = json!({"fixture": "tool-chat", "steps": steps, "final_loss": report.losses.last()});
-    write_target_checkpoint(out, true, &cfg, &report, (&tk, TEMPLATE), &summary)
+    let mut report = train_target(&cfg, init_params(&cfg, 3)?, &stream, &stream, &tc, |_| {})?;
+    let mut total = steps;
+    // Tests need every reply exact, and a reply that is only just ahead of its rival flips with
+    // the rounding of the kernels that trained it: train on, a little at a time, until the
+    // fixture knows its whole world (or give up after EXTRA_ROUNDS and let the tests say which
+    // replies are wrong).
+    for round in 0..=EXTRA_ROUNDS {
+        let summary = json!({"fixture": "tool-chat", "steps": total, "final_loss": report.losses.last()});
+        write_target_checkpoint(out, true, &cfg, &report, (&tk, TEMPLATE), &summary)?;
+        if round == EXTRA_ROUNDS || wrong_replies(out)?.is_empty() {
+            break;
+        }
+        let more = TargetTrainConfig { steps: EXTRA_STEPS, warmup: 0, lr: 3e-3, ..tc.clone() };
+        report = train_target(&cfg, (report.names.clone(), report.params.clone()), &stream, &stream, &more, |_| {})?;
+        total += EXTRA_STEPS;
+    }
+    Ok(out.to_path_buf())
+}
+
+/// Further training rounds after [`STEPS`] while a reply is wrong, and their length.
+const EXTRA_ROUNDS: u32 = 6;
+const EXTRA_STEPS: u64 = 100;
+
+/// The replies of [`examples`] the checkpoint in `dir` gets wrong under greedy decoding (40
+/// tokens at most, the model's stop tokens), as `"expected" -> "got"` lines; empty when it
+/// knows its whole world.
+pub fn wrong_replies(dir: &Path) -> Result<Vec<String>> {
+    let model = gemma4::Model::load(dir)?;
+    let invalid = |detail: String| Error::Invalid { what: "the fixture's tokenizer".into(), detail };
+    let tok = Tokenizer::from_dir(dir).map_err(|e| invalid(e.to_string()))?;
+    let template = ChatTemplate::of(&tok).map_err(|e| invalid(e.to_string()))?;
+    let template = template.ok_or_else(|| invalid("no chat template".into()))?;
+    let markup = Markup::of(&tok).ok_or_else(|| invalid("the chat markers are not tokens".into()))?;
+    let stops = stop_tokens(model.config(), Some(&tok));
+    let mut wrong = Vec::new();
+    for e in examples() {
+        let ids = tok.encode(&prompt_text(&template, &e)?, false).map_err(|e| invalid(e.to_string()))?;
+        let cfg = GenerateConfig { max_tokens: 40, stop_tokens: stops.clone(), ..Default::default() };
+        let out = generate(&model, &ids, &cfg, |_| {})?;
+        let text = tok.decode_keeping(&out.tokens, &markup.kept).map_err(|e| invalid(e.to_string()))?;
+        if text != e.reply {
+            wrong.push(format!("{:?} -> {text:?}", e.reply));
+        }
+    }
+    Ok(wrong)
 }
 
 /// Steps that teach the fixture its whole world (every reply of [`examples`] exact, greedy).
@@ -241,6 +290,7 @@ pub fn cached_tool_chat_checkpoint(root: &Path) -> Result<PathBuf> {
     };
     feed(TEMPLATE);
     feed(&STEPS.to_string());
+    feed(&format!("until exact: {EXTRA_ROUNDS} x {EXTRA_STEPS}; greetings x3, thinking ones x6"));
     for e in examples() {
         feed(&e.messages.to_string());
         feed(&e.reply);
