@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "mlx/array.h"
 
@@ -29,6 +30,12 @@ struct RowMatrix {
   int group = 0;
   int bits = 0;
 };
+// Throws, naming `kernel`, unless (bits, group) is a packing the packed kernel reads: 4 or 8
+// bits, groups of 32, 64 or 128 (row_quantized.cc).
+void check_packing(int bits, int group, const std::string& kernel);
+// K, the columns a node multiplies by (a packed matrix's unpacked width); throws, naming
+// `kernel`, unless the matrix is 2-D and a packed one's scales and biases are [N, K / group].
+int row_matrix_cols(const RowMatrix& m, const std::string& kernel);
 // y [M, N] = x [M, K] · Wᵀ for either form (row_quantized.cc): the packed form's rows are
 // row_linear's on the matrix dequantized with fma(q, scale, bias).
 void row_matrix_apply(const float* x, const RowMatrix& m, float* y, int M, int K, int N);

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -32,6 +33,19 @@ inline bool has_avx2_fma() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
+
+// Whether the AVX-512 forms run (same bits as the AVX2 ones); MLX_CORE_NO_AVX512 turns them off.
+inline bool has_avx512() {
+  static const bool yes = has_avx2_fma() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512dq") && std::getenv("MLX_CORE_NO_AVX512") == nullptr;
+  return yes;
+}
+
+// How far ahead of its use a few-row product prefetches its weight stream. Blocks of four weight
+// rows read side by side are a pattern the hardware prefetcher follows poorly; one software
+// prefetch per cache line consumed, this many bytes ahead in the (contiguous) block stream,
+// doubles a one-row product's bandwidth on a bf16 matrix (~9 -> ~17 GB/s on one core).
+constexpr size_t kPrefetchAhead = 8192;
 
 // The sum of eight lanes in the row kernels' one fixed order (a row's bits may not depend on the
 // path that computed its lanes): ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).

@@ -300,13 +300,10 @@ std::vector<mx::array> prepared(const ArrayList& l, size_t fixed, const char* ke
                                 const Packing& packing = {}) {
   size_t packed = 0;
   for (const auto& [bits, group] : packing) {
-    if (bits != 0 && bits != 4 && bits != 8) throw std::invalid_argument(std::string(kernel) + ": packed matrices take 4 or 8 bits");
-    if (bits != 0 && group != 32 && group != 64 && group != 128) {
-      throw std::invalid_argument(std::string(kernel) + ": packed matrices take groups of 32, 64 or 128");
-    }
+    if (bits != 0) check_packing(bits, group, kernel);
     packed += bits != 0;
   }
-  if (packing.size() != matrices.size() && !packing.empty()) {
+  if (packing.size() != matrices.size()) {
     throw std::invalid_argument(std::string(kernel) + ": one packing entry per weight matrix expected");
   }
   const size_t expected = fixed + 2 * packed;
@@ -319,7 +316,7 @@ std::vector<mx::array> prepared(const ArrayList& l, size_t fixed, const char* ke
     const auto& a = l.items[i];
     const auto at = std::find(matrices.begin(), matrices.end(), i);
     const bool matrix = at != matrices.end();
-    const bool is_packed = matrix && !packing.empty() && packing[at - matrices.begin()].first != 0;
+    const bool is_packed = matrix && packing[at - matrices.begin()].first != 0;
     const bool ok = i == int_input ? a.dtype() == mx::int32
                     : is_packed    ? a.dtype() == mx::uint32
                                    : a.dtype() == mx::float32 || (matrix && a.dtype() == mx::bfloat16);
@@ -333,31 +330,6 @@ std::vector<mx::array> prepared(const ArrayList& l, size_t fixed, const char* ke
     out.push_back(i == int_input || matrix || i >= fixed ? row_contiguous(a, s) : a);
   }
   return out;
-}
-
-// Checks a packed matrix's scales and biases against its [N, K] and returns K: the columns of
-// the matrix the node multiplies by (for a packed one, the unpacked width).
-int matrix_cols(const std::vector<mx::array>& in, size_t slot, size_t fixed, const std::vector<size_t>& slots,
-                const Packing& packing, const char* kernel) {
-  size_t extra = fixed, i = 0;
-  for (size_t m : slots) {
-    const auto [bits, group] = packing.empty() ? std::pair<int, int>{0, 0} : packing[i];
-    ++i;
-    if (m != slot) {
-      extra += bits != 0 ? 2 : 0;
-      continue;
-    }
-    if (in[slot].ndim() != 2) throw std::invalid_argument(std::string(kernel) + ": weight matrices must be 2-D");
-    if (bits == 0) return in[slot].shape(1);
-    const int K = static_cast<int>(static_cast<int64_t>(in[slot].shape(1)) * 32 / bits);
-    for (size_t e : {extra, extra + 1}) {
-      if (in[e].ndim() != 2 || in[e].shape(0) != in[slot].shape(0) || in[e].shape(1) * group != K) {
-        throw std::invalid_argument(std::string(kernel) + ": a packed matrix's scales and biases must be [N, K / group]");
-      }
-    }
-    return K;
-  }
-  return -1;
 }
 
 Packing packing_of(rust::Slice<const int32_t> flat, const char* kernel) {
@@ -382,9 +354,9 @@ std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, rust::Slice<const in
   const int H = in[0].ndim() == 2 ? in[0].shape(1) : -1;
   expect(H > 0 && head_dim > 0 && head_dim % 2 == 0, "row_qkv", "expected x [R, H] and an even head_dim");
   expect(batch > 0 && in[0].shape(0) % batch == 0, "row_qkv", "x's rows must be batch · L");
-  for (size_t i : {2, 4, 6}) {
-    expect(matrix_cols(in, i, kQkvInputs, {2, 4, 6}, packing, "row_qkv") == H && in[i].shape(0) % head_dim == 0,
-           "row_qkv", "projection weights must be [heads·head_dim, H]");
+  for (const auto& m : matrices(in, kQkvInputs, {2, 4, 6}, packing)) {
+    expect(row_matrix_cols(m, "row_qkv") == H && m.w.shape(0) % head_dim == 0, "row_qkv",
+           "projection weights must be [heads·head_dim, H]");
   }
   expect(in[4].shape(0) == in[6].shape(0), "row_qkv", "k and v projections must have the same shape");
   for (int i : {3, 5}) expect(in[i].size() == static_cast<size_t>(head_dim), "row_qkv", "q/k norms must be [head_dim]");
@@ -422,19 +394,21 @@ ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing_fla
   expect(in[0].ndim() == 2 && in[1].ndim() == 2 && in[0].shape(0) == in[1].shape(0), "row_ffn",
          "expected a [R, A] and x [R, H]");
   const int A = in[0].shape(1), H = in[1].shape(1);
-  auto cols = [&](size_t i) { return matrix_cols(in, i, fixed, slots, packing, "row_ffn"); };
-  expect(in[2].shape(0) == H && cols(2) == A, "row_ffn", "wo must be [H, A]");
-  expect(cols(5) == H && cols(6) == H && in[5].shape(0) == in[6].shape(0), "row_ffn", "gate and up weights must be [F, H]");
+  // Columns of each weight matrix, in `slots` order: wo, w_gate, w_up, w_down (, PLE gate, projection).
+  std::vector<int> cols;
+  for (const auto& m : matrices(in, fixed, slots, packing)) cols.push_back(row_matrix_cols(m, "row_ffn"));
+  expect(in[2].shape(0) == H && cols[0] == A, "row_ffn", "wo must be [H, A]");
+  expect(cols[1] == H && cols[2] == H && in[5].shape(0) == in[6].shape(0), "row_ffn", "gate and up weights must be [F, H]");
   const int F = in[5].shape(0);
-  expect(in[7].shape(0) == H && cols(7) == F, "row_ffn", "the down weight must be [H, F]");
+  expect(in[7].shape(0) == H && cols[3] == F, "row_ffn", "the down weight must be [H, F]");
   for (int i : {3, 4, 8}) expect(in[i].size() == static_cast<size_t>(H), "row_ffn", "norm weights must be [H]");
   expect(in[9].size() == 1, "row_ffn", "the layer scalar must hold one value");
   const int R = in[1].shape(0);
   if (ple) {
     expect(in[10].ndim() == 2 && in[10].shape(0) == R, "row_ffn", "the per-layer input must be [R, P]");
     const int P = in[10].shape(1);
-    expect(in[11].shape(0) == P && cols(11) == H, "row_ffn", "the per-layer input gate must be [P, H]");
-    expect(in[12].shape(0) == H && cols(12) == P, "row_ffn", "the per-layer projection must be [H, P]");
+    expect(in[11].shape(0) == P && cols[4] == H, "row_ffn", "the per-layer input gate must be [P, H]");
+    expect(in[12].shape(0) == H && cols[5] == P, "row_ffn", "the per-layer projection must be [H, P]");
     expect(in[13].size() == static_cast<size_t>(H), "row_ffn", "the per-layer post norm must be [H]");
   }
   auto prim = std::make_shared<RowFfn>(s, eps, std::move(packing), ple);

@@ -60,15 +60,8 @@ void block_generic(const float* x, const W* w, float* y, int M, int K, int N, in
 }
 
 #ifdef MLXR_X86
-// Few-row products stream their weights from memory (a large model's weights do not fit in any
-// cache) in blocks of four rows read side by side, a pattern the hardware prefetcher follows
-// poorly. A burst of prefetches at the start of each block barely helps; one prefetch per cache
-// line consumed, a fixed distance ahead in the (contiguous) block stream, doubles a one-row
-// product's bandwidth on a bf16 matrix (~9 -> ~18 GB/s on one core). Touches no arithmetic.
-constexpr size_t kPrefetchAhead = 8192;
-
-// The prefetches of k-step k/8 of a block of four rows starting at `w0`: the step reads
-// 32 weights, so 64 bytes (bf16) or 128 (f32), kPrefetchAhead bytes later in the stream.
+// The prefetches of k-step k/8 of a block of four rows starting at `w0` (see kPrefetchAhead):
+// the step reads 32 weights, so 64 bytes (bf16) or 128 (f32). Touches no arithmetic.
 template <class W>
 inline void prefetch_step(const W* w0, int k) {
   const char* p = reinterpret_cast<const char*>(w0) + kPrefetchAhead + static_cast<size_t>(k / 8) * 32 * sizeof(W);
@@ -290,11 +283,6 @@ __attribute__((target("avx512f,avx512dq,avx2,fma"))) void block_avx512(const flo
   if (n < n1) block_avx2(x, w, y, M, K, N, n, n1);
 }
 
-bool has_avx512() {
-  static const bool yes = has_avx2_fma() && __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512dq") && std::getenv("MLX_CORE_NO_AVX512") == nullptr;
-  return yes;
-}
 #endif
 
 }  // namespace
@@ -308,12 +296,7 @@ void row_linear_impl(const float* x, const W* w, float* y, int M, int K, int N) 
 #endif
     block_generic(x, w, y, M, K, N, n0, n1);
   };
-  // Tiny products stay on one thread: below ~16K multiply-adds even a spinning hand-over costs
-  // more than it saves.
-  const size_t work = static_cast<size_t>(N) * K * std::max(M, 1);
-  if (!RowSplit::available() || work < (size_t(1) << 14) || N < 16) return block(0, N);
-  const int mid = ((N / 2) + 3) & ~3;
-  if (!RowSplit::get().split([&] { block(mid, N); }, [&] { block(0, mid); })) block(0, N);
+  split_columns(N, static_cast<size_t>(N) * K * std::max(M, 1), block);
 }
 
 void row_linear_kernel(const float* x, const float* w, float* y, int M, int K, int N) {

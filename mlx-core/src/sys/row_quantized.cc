@@ -75,9 +75,8 @@ void block_generic(const float* x, const Packed& p, float* y, int M, int N, int 
 }
 
 #ifdef MLXR_X86
-// The quantized weights stream from memory: one prefetch per cache line consumed, a fixed
-// distance ahead in the contiguous stream of a block of four rows (see row_linear.cc).
-constexpr size_t kPrefetchAhead = 8192;
+// The quantized weights stream from memory: one prefetch per cache line consumed, kPrefetchAhead
+// bytes ahead in the contiguous stream of a block of four rows.
 
 // Eight quantized values as f32 (exact: they are small integers).
 template <int BITS>
@@ -223,11 +222,6 @@ __attribute__((target("avx512f,avx512dq,avx2,fma"))) void block_avx512(const flo
   if (n < n1) block_generic(x, p, y, M, N, n, n1);
 }
 
-bool has_avx512() {
-  static const bool yes = has_avx2_fma() && __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512dq") && std::getenv("MLX_CORE_NO_AVX512") == nullptr;
-  return yes;
-}
 #endif
 
 enum class Isa { Generic, Avx2, Avx512 };
@@ -257,18 +251,14 @@ void run_block(Isa isa, const float* x, const Packed& p, float* y, int M, int N,
 void row_quantized_kernel(const float* x, const Packed& p, float* y, int M, int N) {
   const Isa isa = best_isa();
   auto block = [&](int n0, int n1) { run_block(isa, x, p, y, M, N, n0, n1); };
-  const size_t work = static_cast<size_t>(N) * p.K * std::max(M, 1);
-  if (!RowSplit::available() || work < (size_t(1) << 14) || N < 16) return block(0, N);
-  const int mid = ((N / 2) + 3) & ~3;
-  if (!RowSplit::get().split([&] { block(mid, N); }, [&] { block(0, mid); })) block(0, N);
+  split_columns(N, static_cast<size_t>(N) * p.K * std::max(M, 1), block);
 }
 
-class RowQuantizedLinear : public mx::Primitive {
+class RowQuantizedLinear : public CpuOnlyUnary {
  public:
-  RowQuantizedLinear(mx::Stream s, int group, int bits) : mx::Primitive(s), group_(group), bits_(bits) {}
+  RowQuantizedLinear(mx::Stream s, int group, int bits) : CpuOnlyUnary(s), group_(group), bits_(bits) {}
 
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    mx::array& out = outputs[0];
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     // x is read through RowMajor; the packed weight, scales and biases are row-contiguous.
     auto held = hold_row_inputs({inputs[1], inputs[2], inputs[3], inputs[0]}, out, stream(), "RowQuantizedLinear", 3);
     const int K = held[3].shape(-1), N = held[0].shape(0);
@@ -280,9 +270,6 @@ class RowQuantizedLinear : public mx::Primitive {
           const Packed p{w.data<uint8_t>(), s.data<float>(), b.data<float>(), K, group, bits};
           row_quantized_kernel(in(x), p, out.data<float>(), M, N);
         });
-  }
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("RowQuantizedLinear runs on the CPU only");
   }
 
   DEFINE_NAME(RowQuantizedLinear)
@@ -301,10 +288,7 @@ class RowQuantizedLinear : public mx::Primitive {
 ArrayPtr row_quantized_linear(const Array& x, const Array& w, const Array& scales, const Array& biases, int32_t group,
                               int32_t bits) {
   const auto& xi = x.inner;
-  if (bits != 4 && bits != 8) throw std::invalid_argument("row_quantized_linear: bits must be 4 or 8");
-  if (group != 32 && group != 64 && group != 128) {
-    throw std::invalid_argument("row_quantized_linear: group must be 32, 64 or 128");
-  }
+  check_packing(bits, group, "row_quantized_linear");
   if (xi.ndim() < 1 || xi.dtype() != mx::float32) throw std::invalid_argument("row_quantized_linear: x must be float32 [.., K]");
   const int K = xi.shape(-1);
   const auto& wi = w.inner;
@@ -321,8 +305,24 @@ ArrayPtr row_quantized_linear(const Array& x, const Array& w, const Array& scale
   auto shape = xi.shape();
   shape.back() = N;
   std::vector<mx::array> in{xi, row_contiguous(wi, s), row_contiguous(scales.inner, s), row_contiguous(biases.inner, s)};
-  auto outs = mx::array::make_arrays({shape}, {mx::float32}, std::make_shared<RowQuantizedLinear>(s, group, bits), in);
-  return std::make_unique<Array>(outs[0]);
+  return std::make_unique<Array>(mx::array(shape, mx::float32, std::make_shared<RowQuantizedLinear>(s, group, bits), in));
+}
+
+void check_packing(int bits, int group, const std::string& kernel) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument(kernel + ": bits must be 4 or 8");
+  if (group != 32 && group != 64 && group != 128) throw std::invalid_argument(kernel + ": group must be 32, 64 or 128");
+}
+
+int row_matrix_cols(const RowMatrix& m, const std::string& kernel) {
+  if (m.w.ndim() != 2) throw std::invalid_argument(kernel + ": weight matrices must be 2-D");
+  if (m.bits == 0) return m.w.shape(1);
+  const int K = static_cast<int>(static_cast<int64_t>(m.w.shape(1)) * 32 / m.bits);
+  for (const auto* t : {&*m.scales, &*m.biases}) {
+    if (t->ndim() != 2 || t->shape(0) != m.w.shape(0) || t->shape(1) * m.group != K) {
+      throw std::invalid_argument(kernel + ": a packed matrix's scales and biases must be [N, K / group]");
+    }
+  }
+  return K;
 }
 
 void row_matrix_apply(const float* x, const RowMatrix& m, float* y, int M, int K, int N) {

@@ -99,4 +99,15 @@ class RowSplit {
   std::thread thread_;
 };
 
+// Runs `block(n0, n1)` over the N output columns of a few-row product, split in two (at a
+// multiple of 4, the kernels' block of weight rows) over the helper and this thread when the
+// product holds `work` ≥ ~16K multiply-adds: below that even a spinning hand-over costs more
+// than it saves. Columns never change their arithmetic, so neither does the split.
+template <class F>
+void split_columns(int N, size_t work, F&& block) {
+  if (!RowSplit::available() || work < (size_t(1) << 14) || N < 16) return block(0, N);
+  const int mid = ((N / 2) + 3) & ~3;
+  if (!RowSplit::get().split([&] { block(mid, N); }, [&] { block(0, mid); })) block(0, N);
+}
+
 }  // namespace mlxr
