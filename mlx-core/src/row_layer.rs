@@ -196,3 +196,49 @@ pub fn rms_norm(x: &Array, w: Option<&Array>, eps: f32) -> Result<Array> {
     let inputs = List::new(std::iter::once(x).chain(w))?;
     Array::wrap("row_rms_norm", crate::sys::ffi::row_rms_norm(inputs.raw(), eps))
 }
+
+/// A pre-norm layer's attention input (DSpark's backbone and its context projection), one node:
+/// `xn = rms_norm(x)·norm`, then per matrix `xn·wᵀ` laid out by head. No per-head norms, no
+/// rotation. x // `[B·L, H]` (batch-major) -> per matrix `[B, heads, L, head_dim]`
+#[track_caller]
+pub fn normed_heads(
+    x: &Array,
+    batch: usize,
+    norm: &Array,
+    ws: &[RowWeight<'_>],
+    head_dim: usize,
+    eps: f32,
+) -> Result<Vec<Array>> {
+    let (flags, extras) = packing(ws);
+    let fixed = [x, norm].into_iter().chain(ws.iter().map(RowWeight::matrix));
+    let inputs = List::new(fixed.chain(extras))?;
+    let out = crate::sys::ffi::row_normed_heads(inputs.raw(), &flags, head_dim as i32, batch as i32, eps)
+        .map_err(|e| crate::error::mlx_err("row_normed_heads", e))?;
+    List(out).into_vec("row_normed_heads")
+}
+
+/// The weights of [`prenorm_ffn`].
+#[derive(Clone, Copy, Debug)]
+pub struct PreNormFfnWeights<'a> {
+    /// `[H, A]`
+    pub wo: RowWeight<'a>,
+    /// `[H]`
+    pub ff_norm: &'a Array,
+    /// `[F, H]`
+    pub w_gate: RowWeight<'a>,
+    /// `[F, H]`
+    pub w_up: RowWeight<'a>,
+    /// `[H, F]`
+    pub w_down: RowWeight<'a>,
+}
+
+/// A pre-norm layer after attention (DSpark's backbone), one node: `h = x + a·woᵀ`,
+/// `out = h + (gelu(t·w_gateᵀ) ∗ t·w_upᵀ)·w_downᵀ` with `t = rms_norm(h)·ff_norm`.
+/// a // `[R, A]`, x // `[R, H]` -> `[R, H]`
+#[track_caller]
+pub fn prenorm_ffn(a: &Array, x: &Array, w: &PreNormFfnWeights<'_>, eps: f32) -> Result<Array> {
+    let (flags, extras) = packing(&[w.wo, w.w_gate, w.w_up, w.w_down]);
+    let fixed = [a, x, w.wo.matrix(), w.ff_norm, w.w_gate.matrix(), w.w_up.matrix(), w.w_down.matrix()];
+    let inputs = List::new(fixed.into_iter().chain(extras))?;
+    Array::wrap("row_prenorm_ffn", crate::sys::ffi::row_prenorm_ffn(inputs.raw(), &flags, eps))
+}

@@ -263,3 +263,59 @@ fn row_rms_norm_reads_strided_rows() -> R {
     }
     Ok(())
 }
+
+/// The pre-norm nodes (DSpark's backbone layer) compute exactly the chain the drafter composes
+/// from single row nodes (row RMS norm, row products, row GELU): the same bits, so fusing them
+/// changes no draft. Each row is its own whatever the batch, and bad shapes are refused by name.
+#[test]
+fn prenorm_nodes_are_the_composed_row_chain_bit_for_bit() -> R {
+    use mlx_core::blas::{row_gelu, row_linear};
+    let l = layer();
+    let (n, batch) = (6, 2);
+    let x = normal(&[n, H], 60, 1.0);
+    let outs = row_layer::normed_heads(
+        &x,
+        batch,
+        &l.in_norm,
+        &[RowWeight::Dense(&l.wq), RowWeight::Dense(&l.wk)],
+        D as usize,
+        EPS,
+    )?;
+    let xn = row_layer::rms_norm(&x, Some(&l.in_norm), EPS)?;
+    let by_head = |t: Array, heads: i32| {
+        t.reshape(&[batch as i32, n / batch as i32, heads, D]).unwrap().transpose(&[0, 2, 1, 3]).unwrap()
+    };
+    assert_eq!(outs.len(), 2);
+    assert_eq!(outs[0].shape()?, vec![batch as i32, HQ, n / batch as i32, D]);
+    assert_eq!(bits(&outs[0]), bits(&by_head(row_linear(&xn, &l.wq)?, HQ)));
+    assert_eq!(bits(&outs[1]), bits(&by_head(row_linear(&xn, &l.wk)?, HKV)));
+
+    let a = normal(&[n, HQ * D], 61, 1.0);
+    let w = row_layer::PreNormFfnWeights {
+        wo: RowWeight::Dense(&l.wo),
+        ff_norm: &l.pre_ff,
+        w_gate: RowWeight::Dense(&l.wg),
+        w_up: RowWeight::Dense(&l.wu),
+        w_down: RowWeight::Dense(&l.wd),
+    };
+    let out = row_layer::prenorm_ffn(&a, &x, &w, EPS)?;
+    let h = x.add(&row_linear(&a, &l.wo)?)?;
+    let t = row_layer::rms_norm(&h, Some(&l.pre_ff), EPS)?;
+    let m = row_gelu(&row_linear(&t, &l.wg)?)?.multiply(&row_linear(&t, &l.wu)?)?;
+    assert_eq!(bits(&out), bits(&h.add(&row_linear(&m, &l.wd)?)?));
+    for i in [0, n - 1] {
+        let (xi, ai) = (x.slice_axis(0, i, i + 1)?, a.slice_axis(0, i, i + 1)?);
+        assert_eq!(bits(&row_layer::prenorm_ffn(&ai, &xi, &w, EPS)?), bits(&out.slice_axis(0, i, i + 1)?), "row {i}");
+        let qi = row_layer::normed_heads(&xi, 1, &l.in_norm, &[RowWeight::Dense(&l.wq)], D as usize, EPS)?;
+        let (b, r) = (i / (n / batch as i32), i % (n / batch as i32));
+        let want = outs[0].slice_axis(0, b, b + 1)?.slice_axis(2, r, r + 1)?;
+        assert_eq!(bits(&qi[0]), bits(&want), "q row {i}");
+    }
+    let err = row_layer::normed_heads(&x, 1, &l.in_norm, &[RowWeight::Dense(&l.wd)], D as usize, EPS).unwrap_err();
+    assert!(err.to_string().contains("row_normed_heads"), "{err}");
+    let err =
+        row_layer::prenorm_ffn(&a, &x, &row_layer::PreNormFfnWeights { w_down: RowWeight::Dense(&l.wg), ..w }, EPS)
+            .unwrap_err();
+    assert!(err.to_string().contains("down weight"), "{err}");
+    Ok(())
+}

@@ -271,6 +271,14 @@ pub(crate) mod ffi {
         ) -> Result<UniquePtr<ArrayList>>;
         fn row_ffn(inputs: &ArrayList, packing: &[i32], ple: bool, eps: f32) -> Result<UniquePtr<Array>>;
         fn row_rms_norm(inputs: &ArrayList, eps: f32) -> Result<UniquePtr<Array>>;
+        fn row_normed_heads(
+            inputs: &ArrayList,
+            packing: &[i32],
+            head_dim: i32,
+            batch: i32,
+            eps: f32,
+        ) -> Result<UniquePtr<ArrayList>>;
+        fn row_prenorm_ffn(inputs: &ArrayList, packing: &[i32], eps: f32) -> Result<UniquePtr<Array>>;
         // ---- a drafter's greedy Markov walk in one node (row_markov.cc) ----
         fn row_markov_greedy(
             u: &Array,

@@ -108,6 +108,7 @@ using Packing = std::vector<std::pair<int, int>>;
 constexpr size_t kQkvInputs = 9;
 constexpr size_t kFfnInputs = 10;
 constexpr size_t kFfnPleInputs = 14;
+constexpr size_t kPreNormFfnInputs = 7;
 
 // The node's weight matrices (inputs at `slots`) as the kernels read them.
 std::vector<RowMatrix> matrices(const std::vector<mx::array>& held, size_t fixed, const std::vector<size_t>& slots,
@@ -250,6 +251,107 @@ class RowFfn : public CpuOnlyUnary {
   float eps_;
   Packing packing_;
   bool ple_;
+};
+
+// A pre-norm layer's attention input (DSpark's backbone and its context projection): no
+// per-head norms, no rotation. inputs: x [R = B·L, H], norm [H], then one matrix w_i
+// [heads_i·D, H] per output (packed ones' scales and biases after them). outputs: per matrix,
+// (rms_norm(x)·norm)·w_iᵀ laid out by head, [B, heads_i, L, D].
+class RowNormedHeads : public CpuOnlyMulti {
+ public:
+  RowNormedHeads(mx::Stream s, int head_dim, int batch, float eps, Packing packing)
+      : CpuOnlyMulti(s), d_(head_dim), b_(batch), eps_(eps), packing_(std::move(packing)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto held = hold_all(inputs, outputs, stream(), "RowNormedHeads");
+    std::vector<float*> outs;
+    for (auto& o : outputs) outs.push_back(o.data<float>());
+    auto w = matrices(held, 2 + packing_.size(), slots(packing_.size()), packing_);
+    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), w = std::move(w), outs, d = d_, B = b_,
+                                                     eps = eps_]() {
+      const int R = held[0].shape(0), H = held[0].shape(1), L = R / B;
+      RowMajor in;
+      std::vector<float> xn(static_cast<size_t>(R) * H), rows;
+      rms_rows(in(held[0]), in(held[1]), xn.data(), R, H, eps);
+      for (size_t i = 0; i < w.size(); ++i) {
+        const int n = w[i].w.shape(0);
+        rows.resize(static_cast<size_t>(R) * n);
+        row_matrix_apply(xn.data(), w[i], rows.data(), R, H, n);
+        to_heads(rows.data(), outs[i], B, L, n / d, d);
+      }
+    });
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    const int L = inputs[0].shape(0) / b_;
+    std::vector<mx::Shape> out;
+    for (size_t i = 0; i < packing_.size(); ++i) out.push_back({b_, inputs[2 + i].shape(0) / d_, L, d_});
+    return out;
+  }
+
+  // The input slots of the matrices: 2, 3, ...
+  static std::vector<size_t> slots(size_t n) {
+    std::vector<size_t> out;
+    for (size_t i = 0; i < n; ++i) out.push_back(2 + i);
+    return out;
+  }
+
+  DEFINE_NAME(RowNormedHeads)
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const RowNormedHeads&>(other);
+    return d_ == o.d_ && b_ == o.b_ && eps_ == o.eps_ && packing_ == o.packing_;
+  }
+
+ private:
+  int d_;
+  int b_;
+  float eps_;
+  Packing packing_;
+};
+
+// A pre-norm layer after attention (DSpark's backbone). inputs: a [R, A], x [R, H], wo [H, A],
+// feed-forward norm [H], w_gate [F, H], w_up [F, H], w_down [H, F]. output [R, H]:
+//   h = x + a·woᵀ;  out = h + (gelu(t·w_gateᵀ) ∗ t·w_upᵀ)·w_downᵀ with t = rms_norm(h)·ff_norm.
+class RowPreNormFfn : public CpuOnlyUnary {
+ public:
+  RowPreNormFfn(mx::Stream s, float eps, Packing packing)
+      : CpuOnlyUnary(s), eps_(eps), packing_(std::move(packing)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    auto held = hold_row_inputs(inputs, out, stream(), "RowPreNormFfn", 0);
+    auto w = matrices(held, kPreNormFfnInputs, {2, 4, 5, 6}, packing_);
+    mx::cpu::get_command_encoder(stream()).dispatch([held = std::move(held), w = std::move(w), y = out.data<float>(),
+                                                     eps = eps_]() {
+      const int R = held[0].shape(0), A = held[0].shape(1), H = held[1].shape(1), F = held[4].shape(0);
+      const size_t rh = static_cast<size_t>(R) * H, rf = static_cast<size_t>(R) * F;
+      std::vector<float> h(rh), t(rh), g(rf), u(rf);
+      RowMajor in;
+      row_matrix_apply(in(held[0]), w[0], t.data(), R, A, H);
+      const float* x = in(held[1]);
+      for (size_t i = 0; i < rh; ++i) h[i] = x[i] + t[i];
+      rms_rows(h.data(), in(held[3]), t.data(), R, H, eps);
+      row_matrix_apply(t.data(), w[1], g.data(), R, H, F);
+      row_matrix_apply(t.data(), w[2], u.data(), R, H, F);
+      gelu_kernel(g.data(), g.data(), rf);
+      for (size_t i = 0; i < rf; ++i) g[i] *= u[i];
+      row_matrix_apply(g.data(), w[3], t.data(), R, F, H);
+      for (size_t i = 0; i < rh; ++i) y[i] = h[i] + t[i];
+    });
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {{inputs[1].shape(0), inputs[1].shape(1)}};
+  }
+
+  DEFINE_NAME(RowPreNormFfn)
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const RowPreNormFfn&>(other);
+    return eps_ == o.eps_ && packing_ == o.packing_;
+  }
+
+ private:
+  float eps_;
+  Packing packing_;
 };
 
 // rms_norm(x)·w over the last axis of f32 x (w optional) in one node: MLX's fast::rms_norm has
@@ -412,6 +514,51 @@ ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing_fla
     expect(in[13].size() == static_cast<size_t>(H), "row_ffn", "the per-layer post norm must be [H]");
   }
   auto prim = std::make_shared<RowFfn>(s, eps, std::move(packing), ple);
+  return std::make_unique<Array>(mx::array({R, H}, mx::float32, prim, std::move(in)));
+}
+
+std::unique_ptr<ArrayList> row_normed_heads(const ArrayList& inputs, rust::Slice<const int32_t> packing_flat,
+                                            int32_t head_dim, int32_t batch, float eps) {
+  auto s = mx::default_stream(mx::Device(mx::Device::cpu));
+  auto packing = packing_of(packing_flat, "row_normed_heads");
+  expect(!packing.empty(), "row_normed_heads", "expected at least one projection (one packing entry each)");
+  const size_t fixed = 2 + packing.size();
+  const auto slots = RowNormedHeads::slots(packing.size());
+  auto in = prepared(inputs, fixed, "row_normed_heads", s, SIZE_MAX, slots, packing);
+  const int H = in[0].ndim() == 2 ? in[0].shape(1) : -1;
+  expect(H > 0 && head_dim > 0, "row_normed_heads", "expected x [R, H] and a positive head_dim");
+  expect(batch > 0 && in[0].shape(0) % batch == 0, "row_normed_heads", "x's rows must be batch · L");
+  expect(in[1].size() == static_cast<size_t>(H), "row_normed_heads", "the norm must be [H]");
+  for (const auto& m : matrices(in, fixed, slots, packing)) {
+    expect(row_matrix_cols(m, "row_normed_heads") == H && m.w.shape(0) % head_dim == 0, "row_normed_heads",
+           "projection weights must be [heads·head_dim, H]");
+  }
+  auto prim = std::make_shared<RowNormedHeads>(s, head_dim, batch, eps, std::move(packing));
+  auto shapes = prim->output_shapes(in);
+  auto outs = mx::array::make_arrays(shapes, std::vector<mx::Dtype>(shapes.size(), mx::float32), prim, in);
+  auto l = std::make_unique<ArrayList>();
+  l->items = std::move(outs);
+  return l;
+}
+
+ArrayPtr row_prenorm_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing_flat, float eps) {
+  auto s = mx::default_stream(mx::Device(mx::Device::cpu));
+  auto packing = packing_of(packing_flat, "row_prenorm_ffn");
+  const std::vector<size_t> slots{2, 4, 5, 6};
+  if (packing.empty()) packing.assign(slots.size(), {0, 0});
+  auto in = prepared(inputs, kPreNormFfnInputs, "row_prenorm_ffn", s, SIZE_MAX, slots, packing);
+  expect(in[0].ndim() == 2 && in[1].ndim() == 2 && in[0].shape(0) == in[1].shape(0), "row_prenorm_ffn",
+         "expected a [R, A] and x [R, H]");
+  const int A = in[0].shape(1), H = in[1].shape(1);
+  std::vector<int> cols;
+  for (const auto& m : matrices(in, kPreNormFfnInputs, slots, packing)) cols.push_back(row_matrix_cols(m, "row_prenorm_ffn"));
+  expect(in[2].shape(0) == H && cols[0] == A, "row_prenorm_ffn", "wo must be [H, A]");
+  expect(cols[1] == H && cols[2] == H && in[4].shape(0) == in[5].shape(0), "row_prenorm_ffn",
+         "gate and up weights must be [F, H]");
+  expect(in[6].shape(0) == H && cols[3] == in[4].shape(0), "row_prenorm_ffn", "the down weight must be [H, F]");
+  expect(in[3].size() == static_cast<size_t>(H), "row_prenorm_ffn", "the feed-forward norm must be [H]");
+  const int R = in[1].shape(0);
+  auto prim = std::make_shared<RowPreNormFfn>(s, eps, std::move(packing));
   return std::make_unique<Array>(mx::array({R, H}, mx::float32, prim, std::move(in)));
 }
 

@@ -133,6 +133,15 @@ std::unique_ptr<ArrayList> row_qkv(const ArrayList& inputs, rust::Slice<const in
 // post norm [H]. `packing` as row_qkv's, for wo, w_gate, w_up, w_down (and the PLE gate and
 // projection), scales and biases after the fixed inputs.
 ArrayPtr row_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing, bool ple, float eps);
+// A pre-norm layer's attention input (DSpark's backbone), one node (row_layer.cc): inputs x
+// [B·L, H], norm [H], then n ≥ 1 projections [heads·head_dim, H] (packed ones' scales and biases
+// after them); outputs, per projection, rms_norm(x)·norm·wᵀ as [B, heads, L, head_dim].
+// `packing`: (bits, group) per projection, n pairs.
+std::unique_ptr<ArrayList> row_normed_heads(const ArrayList& inputs, rust::Slice<const int32_t> packing,
+                                            int32_t head_dim, int32_t batch, float eps);
+// A pre-norm layer after attention (DSpark's backbone), one node: inputs a, x, wo, feed-forward
+// norm, w_gate, w_up, w_down; `packing` as row_ffn's for the four matrices.
+ArrayPtr row_prenorm_ffn(const ArrayList& inputs, rust::Slice<const int32_t> packing, float eps);
 // rms_norm over the last axis of f32 x, times the optional weight (inputs: x [, w]), one node.
 ArrayPtr row_rms_norm(const ArrayList& inputs, float eps);
 // The greedy Markov walk of R draft blocks in one node (row_markov.cc): u [T, V], w1 and w2

@@ -440,11 +440,43 @@ impl DSparkDrafter {
         self.w
             .layers
             .iter()
-            .map(|l| {
-                let nc = self.rms(&hctx, &l.attn_norm)?;
-                Ok(LayerKv { k: self.heads(&l.k.matmul_t(&nc)?)?, v: self.heads(&l.v.matmul_t(&nc)?)? })
+            .map(|l| match self.normed_heads(&hctx, &l.attn_norm, &[&l.k, &l.v])?.as_slice() {
+                [k, v] => Ok(LayerKv { k: k.clone(), v: v.clone() }),
+                _ => Err(Error::Contract("dspark: context projection gave no K/V".into())),
             })
             .collect()
+    }
+
+    /// `rms_norm(x)·norm` projected by each of `ws`, by head // x `[B, L, D]` -> per matrix
+    /// `[B, heads, L, hd]`. Few f32 rows on the CPU run as one node (the same bits as the
+    /// composed form: its norm and products are the same row kernels).
+    fn normed_heads(&self, x: &Array, norm: &Array, ws: &[&LinearWeights]) -> Result<Vec<Array>> {
+        let (b, l) = (x.dim(0)?, x.dim(1)?);
+        if let Some(rw) = self.fusable(x, &[norm], ws)? {
+            let hd = self.cfg.d_draft / self.cfg.n_heads;
+            let flat = x.reshape(&[b * l, -1])?; // [B·L, D]
+            return Ok(mlx_core::row_layer::normed_heads(&flat, b as usize, norm, &rw, hd, self.dims.eps)?);
+        }
+        let n = self.rms(x, norm)?;
+        ws.iter().map(|w| self.heads(&w.matmul_t(&n)?)).collect()
+    }
+
+    /// The matrices as the fused row nodes read them, when those nodes take `x`: few f32 rows
+    /// on the CPU with the row kernels on, f32 `vectors`, and every matrix row-readable.
+    fn fusable<'a>(
+        &self,
+        x: &Array,
+        vectors: &[&Array],
+        ws: &[&'a LinearWeights],
+    ) -> Result<Option<Vec<mlx_core::row_layer::RowWeight<'a>>>> {
+        let rows = x.size()? / (x.dim(-1)?.max(1) as usize);
+        if rows > mlx_core::blas::ROW_LINEAR_MAX_ROWS
+            || !row_kernels_for(x)?
+            || vectors.iter().any(|v| v.dtype() != Dtype::F32)
+        {
+            return Ok(None);
+        }
+        Ok(ws.iter().map(|w| w.row_weight()).collect())
     }
 
     /// The backbone over the block // anchor `[1]` -> block hidden `[1, γ, D]`
@@ -467,9 +499,10 @@ impl DSparkDrafter {
         }; // [R, γ, D]
         let scale = ((self.cfg.d_draft / self.cfg.n_heads) as f32).powf(-0.5);
         for (i, l) in self.w.layers.iter().enumerate() {
-            let nd = self.rms(&h, &l.attn_norm)?;
-            let q = self.heads(&l.q.matmul_t(&nd)?)?; // [R, h, γ, hd]
-            let (k, v) = (self.heads(&l.k.matmul_t(&nd)?)?, self.heads(&l.v.matmul_t(&nd)?)?);
+            let (q, k, v) = match self.normed_heads(&h, &l.attn_norm, &[&l.q, &l.k, &l.v])?.as_slice() {
+                [q, k, v] => (q.clone(), k.clone(), v.clone()), // each [R, h, γ, hd]
+                _ => return Err(Error::Contract("dspark: the backbone's projection gave no q/k/v".into())),
+            };
             let mut kvs = Vec::with_capacity(ctxs.len());
             for (s, ctx) in ctxs.iter_mut().enumerate() {
                 let s = s as i32;
@@ -485,8 +518,22 @@ impl DSparkDrafter {
                 });
             }
             let a = block_attention(&q, &kvs, scale)?; // [R, h, γ, hd]
-            let a = l.o.matmul_t(&a.transpose(&[0, 2, 1, 3])?.reshape(&[r, g, -1])?)?;
-            h = h.add(&a)?;
+            let a = a.transpose(&[0, 2, 1, 3])?.reshape(&[r, g, -1])?; // [R, γ, h·hd]
+            if let Some(w) = self.fusable(&h, &[&l.ff_norm], &[&l.o, &l.gate, &l.up, &l.down])? {
+                // The layer's tail as one node, the composed form's bits.
+                let w = mlx_core::row_layer::PreNormFfnWeights {
+                    wo: w[0],
+                    ff_norm: &l.ff_norm,
+                    w_gate: w[1],
+                    w_up: w[2],
+                    w_down: w[3],
+                };
+                let flat = |t: &Array| t.reshape(&[r * g, -1]);
+                h = mlx_core::row_layer::prenorm_ffn(&flat(&a)?, &flat(&h)?, &w, self.dims.eps)?
+                    .reshape(&[r, g, -1])?;
+                continue;
+            }
+            h = h.add(&l.o.matmul_t(&a)?)?;
             let f = self.rms(&h, &l.ff_norm)?;
             let ff = l.down.matmul_t(&gemma4::gelu(&l.gate.matmul_t(&f)?)?.multiply(&l.up.matmul_t(&f)?)?)?;
             h = h.add(&ff)?;
