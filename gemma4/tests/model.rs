@@ -8,13 +8,7 @@ use gemma4::generate::{generate, ids_array, prefill, GenerateConfig};
 use gemma4::{ComputeDtype, Model, TapPoint, TapSet};
 use mlx_core::{Array, Dtype};
 
-fn prompt(n: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| 3 + (i * 37) % 500).collect()
-}
-
-fn bytes(a: &Array) -> Vec<u8> {
-    a.to_bytes().unwrap()
-}
+use common::{bytes, check_stepwise_rounds, decode_one_by_one, prompt};
 
 #[test]
 fn tap_does_not_change_logits() {
@@ -72,43 +66,6 @@ fn moe_config_runs_in_f32() {
 }
 
 /// Plain decoding of `tokens` one at a time from `cache` (in place): per-token logits.
-fn decode_one_by_one(m: &Model, cache: &mut gemma4::Cache, tokens: &[u32]) -> Vec<Vec<u8>> {
-    tokens.iter().map(|&t| bytes(&m.logits(&ids_array(&[t]).unwrap(), Some(cache)).unwrap())).collect()
-}
-
-/// Verify-shaped rounds: a stepwise window of S tokens, of which the first `keep` are kept and
-/// the rest rolled back. Every stepwise row must equal, bit for bit, the logits of decoding the
-/// same tokens one at a time on a cache that only ever saw the kept ones; prompts shorter and
-/// longer than the window (8) put the ring phase on both branches, and the rounds run far past
-/// the wrap.
-fn check_stepwise_rounds(m: &Model, prompt_len: usize, rounds: &[(usize, usize)]) {
-    let p = prompt(prompt_len);
-    let (head, last) = p.split_at(prompt_len - 1);
-    let mut spec = m.new_cache();
-    let mut plain = m.new_cache();
-    for c in [&mut spec, &mut plain] {
-        for chunk in head.chunks(5) {
-            m.forward(&ids_array(chunk).unwrap(), Some(c)).unwrap();
-        }
-    }
-    let mut pending = last[0];
-    for (r, &(s, keep)) in rounds.iter().enumerate() {
-        let window: Vec<u32> =
-            std::iter::once(pending).chain((1..s as u32).map(|i| 3 + (pending * 7 + i * 53) % 500)).collect();
-        let out = m.forward_stepwise(&ids_array(&window).unwrap(), &mut spec, None).unwrap();
-        let logits = m.logits_from_hidden(&out.hidden).unwrap(); // [1, S, V]
-        let want = decode_one_by_one(m, &mut plain.clone(), &window);
-        for (i, w) in want.iter().enumerate() {
-            let got = bytes(&logits.slice_axis(1, i as i32, i as i32 + 1).unwrap());
-            assert!(&got == w, "prompt {prompt_len}, round {r}, row {i} of {s} (position {}): stepwise differs from one-by-one decoding", spec.offset() - s + i);
-        }
-        spec.trim(s - keep).unwrap();
-        decode_one_by_one(m, &mut plain, &window[..keep]);
-        assert_eq!(spec.offset(), plain.offset());
-        pending = 3 + (pending * 11 + r as u32) % 500;
-    }
-}
-
 #[test]
 fn stepwise_rows_are_one_by_one_decoding() {
     let rounds = [(4, 1), (3, 3), (1, 1), (8, 2), (2, 1), (6, 6), (5, 3), (7, 1), (3, 2), (8, 8), (2, 2), (4, 4)];

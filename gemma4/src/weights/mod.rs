@@ -6,6 +6,7 @@
 //! `embed_tokens.weight`, `lm_head.weight`); `module_prefix` keeps the checkpoint's prefix
 //! (`model.` or `language_model.model.`) because quantization overrides are keyed by full path.
 
+mod exact_rows;
 mod files;
 mod sanitize;
 
@@ -19,6 +20,7 @@ use crate::compute::Conversion;
 use crate::config::{QuantizationConfig, TextConfig};
 use crate::error::{Error, Result};
 
+pub use exact_rows::{exact_rows, set_exact_rows, ExactRows, ROW_BLOCK};
 pub use files::{check_header, load_raw, load_raw_files, read_index, shard_paths, INDEX};
 pub use sanitize::sanitize;
 
@@ -42,11 +44,10 @@ pub enum LinearWeights {
 
 impl LinearWeights {
     /// `x @ Wᵀ` for W `[out, in]`: the `nn.Linear` / tied-head product // `[.., in]` -> `[.., out]`
+    /// A few rows (decode steps, verify windows) keep their bits whatever the other rows: see
+    /// [`ExactRows`].
     pub fn matmul_t(&self, x: &Array) -> Result<Array> {
-        if let Some(rows) = gpu_row_split(x)? {
-            return self.matmul_t_row_by_row(x, rows);
-        }
-        self.matmul_t_whole(x)
+        self.matmul_t_exact(x)
     }
 
     fn matmul_t_whole(&self, x: &Array) -> Result<Array> {
@@ -90,38 +91,6 @@ impl LinearWeights {
             }
         })
     }
-}
-
-impl LinearWeights {
-    /// One product per row, each shaped as a one-token decode step's // `[.., in]` -> `[.., out]`
-    fn matmul_t_row_by_row(&self, x: &Array, rows: usize) -> Result<Array> {
-        let shape = x.shape()?;
-        let inp = *shape.last().unwrap_or(&0);
-        let flat = x.reshape(&[rows as i32, inp])?; // [R, in]
-        let outs = (0..rows as i32)
-            .map(|r| self.matmul_t_whole(&flat.slice_axis(0, r, r + 1)?.reshape(&[1, 1, inp])?))
-            .collect::<Result<Vec<_>>>()?; // R × [1, 1, out]
-        let refs: Vec<&Array> = outs.iter().collect();
-        let mut out_shape = shape;
-        if let Some(last) = out_shape.last_mut() {
-            *last = -1;
-        }
-        Ok(mlx_core::concatenate(&refs, 1)?.reshape(&out_shape)?)
-    }
-}
-
-/// On a GPU, the row count of a product of a few rows (a verify window; not a decode step, not a
-/// prefill chunk), which must then be computed a row at a time: GPU BLAS libraries pick one
-/// kernel for a single row (a GEMV) and tiled kernels for several, and their sums round
-/// differently, so a verify row would not get the bits of the decode step it stands in for
-/// (docs/numerics.md, "Why the verify forward is stepwise"). Measured on CUDA: the default pair's
-/// greedy speculative output left plain decoding's within 128 tokens with batched rows.
-fn gpu_row_split(x: &Array) -> Result<Option<usize>> {
-    let shape = x.shape()?; // [.., in]
-    let inp = *shape.last().unwrap_or(&0);
-    let rows = x.size()? / (inp.max(1) as usize);
-    let few = rows > 1 && rows <= mlx_core::blas::ROW_LINEAR_MAX_ROWS;
-    Ok((few && mlx_core::Device::default_device()? == mlx_core::Device::Gpu).then_some(rows))
 }
 
 /// Hands out tensors by name and remembers which were taken.
@@ -396,9 +365,9 @@ mod tests {
     use mlx_core::quant::{quantize, QuantSpec};
     use mlx_core::random::{key, normal};
 
-    /// The GPU's row-by-row product assembles the rows in order and in the product's shape: on
-    /// the CPU, whose kernels give each row the same bits in any batch, it must equal the whole
-    /// product bit for bit (dense bf16 and f32, and 4-bit).
+    /// The GPU's row-by-row and row-block products assemble the rows in order and in the
+    /// product's shape: on the CPU, whose kernels give each row the same bits in any batch, they
+    /// must equal the whole product bit for bit (dense bf16 and f32, and 4-bit).
     #[test]
     fn row_by_row_equals_the_whole_product() -> Result<()> {
         let w32 = normal(&[96, 128], Dtype::F32, 0.0, 0.1, &key(1)?)?;
@@ -410,11 +379,13 @@ mod tests {
         ];
         for (w, x) in cases {
             let whole = w.matmul_t_whole(&x)?;
-            let split = w.matmul_t_row_by_row(&x, 5)?;
-            assert_eq!(split.shape()?, vec![1, 5, 96]);
-            assert_eq!(split.dtype(), whole.dtype());
-            let (a, b) = (whole.astype(Dtype::F32)?.to_vec::<f32>()?, split.astype(Dtype::F32)?.to_vec::<f32>()?);
-            assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{w:?}: rows differ");
+            let a = whole.astype(Dtype::F32)?.to_vec::<f32>()?;
+            for split in [w.matmul_t_row_by_row(&x, 5)?, w.matmul_t_blocked(&x, 5)?] {
+                assert_eq!(split.shape()?, vec![1, 5, 96]);
+                assert_eq!(split.dtype(), whole.dtype());
+                let b = split.astype(Dtype::F32)?.to_vec::<f32>()?;
+                assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{w:?}: rows differ");
+            }
         }
         Ok(())
     }

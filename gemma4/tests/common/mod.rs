@@ -49,3 +49,53 @@ pub fn tiny_moe_top8() -> &'static PathBuf {
         write_random_checkpoint(&scratch("tiny-moe-top8"), &tiny_config_moe_top8(), 1234, Dtype::F32, 1, true).unwrap()
     })
 }
+
+/// A fixed prompt of `n` tokens.
+pub fn prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| 3 + (i * 37) % 500).collect()
+}
+
+/// An array's raw bytes (for bit-for-bit comparisons).
+pub fn bytes(a: &mlx_core::Array) -> Vec<u8> {
+    a.to_bytes().unwrap()
+}
+
+pub fn decode_one_by_one(m: &gemma4::Model, cache: &mut gemma4::Cache, tokens: &[u32]) -> Vec<Vec<u8>> {
+    tokens
+        .iter()
+        .map(|&t| bytes(&m.logits(&gemma4::generate::ids_array(&[t]).unwrap(), Some(cache)).unwrap()))
+        .collect()
+}
+
+/// Verify-shaped rounds: a stepwise window of S tokens, of which the first `keep` are kept and
+/// the rest rolled back. Every stepwise row must equal, bit for bit, the logits of decoding the
+/// same tokens one at a time on a cache that only ever saw the kept ones; prompts shorter and
+/// longer than the window (8) put the ring phase on both branches, and the rounds run far past
+/// the wrap.
+pub fn check_stepwise_rounds(m: &gemma4::Model, prompt_len: usize, rounds: &[(usize, usize)]) {
+    let p = prompt(prompt_len);
+    let (head, last) = p.split_at(prompt_len - 1);
+    let mut spec = m.new_cache();
+    let mut plain = m.new_cache();
+    for c in [&mut spec, &mut plain] {
+        for chunk in head.chunks(5) {
+            m.forward(&gemma4::generate::ids_array(chunk).unwrap(), Some(c)).unwrap();
+        }
+    }
+    let mut pending = last[0];
+    for (r, &(s, keep)) in rounds.iter().enumerate() {
+        let window: Vec<u32> =
+            std::iter::once(pending).chain((1..s as u32).map(|i| 3 + (pending * 7 + i * 53) % 500)).collect();
+        let out = m.forward_stepwise(&gemma4::generate::ids_array(&window).unwrap(), &mut spec, None).unwrap();
+        let logits = m.logits_from_hidden(&out.hidden).unwrap(); // [1, S, V]
+        let want = decode_one_by_one(m, &mut plain.clone(), &window);
+        for (i, w) in want.iter().enumerate() {
+            let got = bytes(&logits.slice_axis(1, i as i32, i as i32 + 1).unwrap());
+            assert!(&got == w, "prompt {prompt_len}, round {r}, row {i} of {s} (position {}): stepwise differs from one-by-one decoding", spec.offset() - s + i);
+        }
+        spec.trim(s - keep).unwrap();
+        decode_one_by_one(m, &mut plain, &window[..keep]);
+        assert_eq!(spec.offset(), plain.offset());
+        pending = 3 + (pending * 11 + r as u32) % 500;
+    }
+}
