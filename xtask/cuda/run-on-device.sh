@@ -1,9 +1,14 @@
 #!/bin/bash
 # Runs on a Linux GPU machine with CUDA 13 (driver, /usr/local/cuda headers, and a python3
 # whose site-packages hold the nvidia-* CUDA 13 wheels, as PyTorch's do), from the repo root,
-# with target/cuda-carry from repack.sh, on the GPU: STEPS (default "pair gate bench") of
-# pair (the default pair's speed and greedy identity), gate (greedy parity), bench (the full
-# bench) and costs (v(k), drafter round, prefill with a drafter). Output goes to $OUT.
+# with target/cuda-carry from repack.sh, on the GPU: STEPS (default "pair gate dist costs") of
+# pair (the default pair's speed and greedy identity), gate (greedy parity, every row), dist
+# (the distribution gate's default-pair condition), costs (v(k), drafter round, prefill with a
+# drafter) and bench (mid-size plain decode and prefill against mlx-lm). Each step has a time
+# limit (PAIR_S, GATE_S, DIST_S, COSTS_S, BENCH_S); the defaults fit one 10-minute call with the
+# unpacking, so a 15-minute lease runs STEPS="pair gate dist costs" and then STEPS=bench.
+# Output goes to $OUT: the log, the bench JSONs, and cuda-tables.md (every table the steps
+# printed, ready for docs/cuda.md, with the line `greedy median N.NNx` of the default pair).
 set -u
 C=$PWD/target/cuda-carry
 M=/tmp/cudamlx
@@ -33,13 +38,15 @@ main() {
   export LD_LIBRARY_PATH=$M/mlx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$M XTASK_REFERENCE_PYTHON=python3
   export DSPARK_HOME=/tmp/dspark-home
   python3 -c "import mlx.core as mx; print('python mlx', mx.__version__, mx.default_device())"
-  for step in ${STEPS:-pair gate bench}; do
+  for step in ${STEPS:-pair gate dist costs}; do
     log $step
     case $step in
       pair) timeout ${PAIR_S:-150} /tmp/xtask bench --default --device gpu --dir /tmp/bench ;;
-      gate) timeout ${GATE_S:-300} /tmp/xtask gates --only greedy-parity --device gpu --dir /tmp/gates ;;
+      gate) timeout ${GATE_S:-240} /tmp/xtask gates --only greedy-parity --device gpu --dir /tmp/gates ;;
+      dist) timeout ${DIST_S:-90} /tmp/xtask gates --only distribution-default-pair --samples ${DIST_N:-4000} --device gpu --dir /tmp/gates ;;
+      costs) timeout ${COSTS_S:-90} /tmp/xtask bench --costs --device gpu --dir /tmp/bench ;;
       bench) timeout ${BENCH_S:-300} /tmp/xtask bench --device gpu --dir /tmp/bench ;;
-      costs) timeout ${COSTS_S:-150} /tmp/xtask bench --costs --device gpu --dir /tmp/bench ;;
+      *) echo "unknown step $step (expected pair, gate, dist, costs or bench)" ;;
     esac
     log "$step rc $?"
   done
@@ -47,3 +54,10 @@ main() {
   log end
 }
 main 2>&1 | tee "$OUT/log"
+# The tables for docs/cuda.md: headings and table rows as printed, then the default pair's
+# greedy median speedup on its own line.
+{
+  echo "# GPU run $(date -u +%F) ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
+  grep -E '^(#+ |\|)' "$OUT/log"
+  awk -F'|' '/^\| greedy \|/ && NF > 4 { gsub(/ /, "", $4); sub(/×/, "x", $4); print "\ngreedy median " $4; exit }' "$OUT/log"
+} > "$OUT/cuda-tables.md"

@@ -104,7 +104,8 @@ enum Cmd {
         /// Speculative samples per distribution-equality condition.
         #[arg(long, default_value_t = 20_000)]
         samples: usize,
-        /// Run only this gate (greedy-parity, quantized-drafters, distribution-equality or serve).
+        /// Run only this gate (greedy-parity, quantized-drafters, distribution-equality or serve),
+        /// or only distribution-equality's default-pair condition (distribution-default-pair).
         #[arg(long)]
         only: Option<String>,
         /// Where checkpoints go.
@@ -209,13 +210,15 @@ fn main() -> Result<()> {
             let dir = dir.unwrap_or_else(|| target_dir().join("gates"));
             std::fs::create_dir_all(&dir)?;
             let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
-            if let Some(o) = only
-                .as_deref()
-                .filter(|o| !["greedy-parity", "quantized-drafters", "distribution-equality", "serve"].contains(o))
-            {
-                anyhow::bail!(
-                    "--only {o:?}: expected greedy-parity, quantized-drafters, distribution-equality or serve"
-                );
+            const GATES: [&str; 5] =
+                ["greedy-parity", "quantized-drafters", "distribution-equality", "distribution-default-pair", "serve"];
+            if let Some(o) = only.as_deref().filter(|o| !GATES.contains(o)) {
+                anyhow::bail!("--only {o:?}: expected one of {}", GATES.join(", "));
+            }
+            if only.as_deref() == Some("distribution-default-pair") {
+                let failures = gates::default_pair_distribution(samples)?;
+                anyhow::ensure!(failures.is_empty(), "distribution-equality FAILED for: {}", failures.join(", "));
+                println!("\ndistribution-equality on the default pair passed");
             }
             if run("greedy-parity") {
                 gates::greedy_parity(&dir, tokens)?;
