@@ -156,7 +156,7 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
         "step: {n} sessions, {drafted} drafting ({draft_ms:.1} ms), forwards of {forwards:?} rows ({forward_ms:.1} ms), \
          {emitted_all} tokens in {step_ms:.1} ms"
     );
-    schedule.record(emitted_all, step_ms, drafted, draft_ms, &forwards, forward_ms);
+    schedule.record(n, emitted_all, step_ms, drafted, draft_ms, &forwards, forward_ms);
     outs.into_iter().map(|o| o.unwrap_or_else(|| Err(Error::Batch("a session got no step".into())))).collect()
 }
 

@@ -169,6 +169,8 @@ pub struct Session<'m, 't> {
     seeded: bool,
     /// Steps since the session last drafted (a batch schedule may hold its drafts back).
     idle: usize,
+    /// The schedule of steps taken alone ([`Session::step`]), kept across them.
+    schedule: crate::batch::BatchSchedule,
     text: Option<TextStream<'t>>,
     tokens: Vec<u32>,
     finish: Option<FinishReason>,
@@ -217,6 +219,7 @@ impl<'m, 't> Session<'m, 't> {
             decoding,
             seeded: req.seeded,
             idle: 0,
+            schedule: crate::batch::BatchSchedule::default(),
             text: tok.map(|t| TextStream::keeping(t, &req.stop, &req.kept_tokens)),
             tokens: Vec::new(),
             finish: None,
@@ -437,8 +440,12 @@ impl<'m, 't> Session<'m, 't> {
     /// session).
     pub fn step(&mut self, drafter: Option<&mut (dyn Drafter + 'static)>) -> Result<StepOut> {
         let target = self.target;
+        // The session's own schedule, kept across its steps: alone, it drafts while drafting
+        // has paid (see crate::batch_schedule).
+        let mut schedule = std::mem::take(&mut self.schedule);
         let mut one = [crate::batch::Member { session: self, drafter }];
-        let mut outs = crate::batch::step(target, &mut one, &mut crate::batch::BatchSchedule::default());
+        let mut outs = crate::batch::step(target, &mut one, &mut schedule);
+        self.schedule = schedule;
         outs.pop().unwrap_or_else(|| Err(Error::Batch("a batch of one gave no output".into())))
     }
 

@@ -54,8 +54,20 @@ fn alone_and_batched(m: &Model, reqs: &[(Request, bool)], cost: Option<BatchCost
         .iter()
         .zip(&mut drafters)
         .map(|((r, _), d)| {
-            let s = Session::start(m, d.as_deref_mut(), r, None, None).unwrap();
-            let o = s.run(d.as_deref_mut(), |_| {}).unwrap();
+            // Alone and drafting every step: a fresh schedule each step (a session's own schedule
+            // would stop drafting where drafting has not paid, which is timing, not the batch).
+            let mut s = Session::start(m, d.as_deref_mut(), r, None, None).unwrap();
+            loop {
+                let out = step(
+                    m,
+                    &mut [Member { session: &mut s, drafter: d.as_deref_mut() }],
+                    &mut BatchSchedule::default(),
+                );
+                if out.into_iter().next().unwrap().unwrap().finished.is_some() {
+                    break;
+                }
+            }
+            let o = s.finish();
             Done { tokens: o.tokens, finish: o.finish, stats: o.speculation }
         })
         .collect();

@@ -110,6 +110,12 @@ impl KvCache {
         self.fetch().map(Some)
     }
 
+    /// The same cache with buffers of its own (see [`super::Cache::detached`]).
+    pub(super) fn detached(&self) -> mlx_core::Result<KvCache> {
+        let own = |a: &Option<Array>| a.as_ref().map(super::own_buffer).transpose();
+        Ok(KvCache { keys: own(&self.keys)?, values: own(&self.values)?, ..self.clone() })
+    }
+
     pub(super) fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
     }

@@ -185,9 +185,13 @@ pub fn measure(
     let taps = drafter.as_ref().map_or_else(TapSet::default, |d| d.taps());
     let prompt: Vec<u32> = (0..context).map(|i| 4 + (i as u32 * 131) % (vocab.max(5) - 4)).collect();
     let mut pre = crate::decode::prefill(model, &taps, &prompt, 2048)?;
-    // Every timed forward runs on a copy of the prefilled cache (copies share the arrays), so
-    // nothing is rolled back: a wrapped sliding-window ring could not be.
+    // Every timed forward runs on a copy of the prefilled cache, so nothing is rolled back (a
+    // wrapped sliding-window ring could not be). Copies are detached before the clock starts: a
+    // clone shares the buffers, and its first write would time a copy of every one of them,
+    // which a running request never pays (its writes are in place). That copy, the same for
+    // every window, made v(n) look flatter than it is.
     let cache = pre.cache().clone();
+    let fresh = || -> Result<gemma4::Cache> { Ok(cache.detached()?) };
     if let Some(d) = drafter.as_deref_mut() {
         d.reset(pre.take_ctx().as_ref(), pre.committed())?;
     }
@@ -208,8 +212,9 @@ pub fn measure(
     for rep in 0..=repeats {
         // A stepwise tapped forward of n rows and its head, evaluated, in seconds.
         let timed = |n: usize| -> Result<f64> {
+            let mut c = fresh()?;
             let t = Instant::now();
-            let out = model.forward_stepwise(&ids(n, rep)?, &mut cache.clone(), tapped)?;
+            let out = model.forward_stepwise(&ids(n, rep)?, &mut c, tapped)?;
             let logits = model.logits_from_hidden(&out.hidden)?;
             match &out.taps {
                 Some(rows) => mlx_core::eval(&[&logits, rows])?,
@@ -225,8 +230,9 @@ pub fn measure(
             }
             // The same window verified by speculative sampling (T = 1): the forward, the
             // target's probabilities, the accept flags, residual and bonus draws, one read.
+            let mut c = fresh()?;
             let t = Instant::now();
-            let out = model.forward_stepwise(&ids(n, rep)?, &mut cache.clone(), tapped)?;
+            let out = model.forward_stepwise(&ids(n, rep)?, &mut c, tapped)?;
             let logits = model.logits_from_hidden(&out.hidden)?.squeeze(0)?; // [n, V]
             let proposal = (n > 1)
                 .then(|| -> Result<Proposal> {
@@ -248,8 +254,9 @@ pub fn measure(
         }
         // The decode step, timed while the machine is busy decoding as it is during a request
         // (timed first in a round, it paid for waking the idle row-kernel helper thread).
+        let mut c = fresh()?;
         let t = Instant::now();
-        let h = model.forward(&ids(1, rep)?, Some(&mut cache.clone()))?;
+        let h = model.forward(&ids(1, rep)?, Some(&mut c))?;
         model.logits_from_hidden(&h)?.eval()?;
         let one = t.elapsed().as_secs_f64();
         if let Some(d) = drafter.as_deref_mut() {
