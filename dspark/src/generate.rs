@@ -213,6 +213,7 @@ pub fn run(a: Args) -> Result<()> {
     if !a.stop.is_empty() && text_out.is_none() {
         bail!("--stop matches decoded text; it needs a text --prompt");
     }
+    let manual_pruning = a.min_conf.is_some() || a.calibrated;
     let manual = match (a.min_conf, a.calibrated) {
         (Some(c), _) => Some(spec_decode::Pruning::MinConf(c)),
         (None, true) => Some(spec_decode::Pruning::Calibrated),
@@ -236,6 +237,8 @@ pub fn run(a: Args) -> Result<()> {
         pruning,
         kept_tokens: Vec::new(),
         seeded: true,
+        // `auto` (with or without a profile) may take plain steps where drafting has not paid.
+        adaptive: a.schedule == crate::schedule::Schedule::Auto && !manual_pruning,
     };
     // The server's decoding path: the same session type, run to the end here.
     let mut drafter = drafter;

@@ -384,10 +384,11 @@ fn plans(cfg: &EngineConfig, model: &Model, drafter: Option<&dyn Drafter>, devic
 }
 
 /// The request as decoded: one that asks for no pruning gets the engine's schedule for its mode.
-fn scheduled(req: &Request, plans: &Plans) -> Request {
+fn scheduled(req: &Request, plans: &Plans, auto: bool) -> Request {
     let plan = &plans[usize::from(!req.generate.sampler.is_greedy())];
     match (&req.pruning, plan) {
-        (Pruning::Off, Some(p)) => Request { pruning: Pruning::Throughput(p.clone()), ..req.clone() },
+        (Pruning::Off, Some(p)) => Request { pruning: Pruning::Throughput(p.clone()), adaptive: auto, ..req.clone() },
+        (Pruning::Off, None) => Request { adaptive: auto, ..req.clone() },
         _ => req.clone(),
     }
 }
@@ -549,7 +550,13 @@ fn worker(
                 if cfg.panic_on_token.is_some_and(|t| job.request.prompt.contains(&t)) {
                     panic!("injected fault (testing)");
                 }
-                Starting::new(model, taps, &scheduled(&job.request, &plans), tok, Some(&mut cache))
+                Starting::new(
+                    model,
+                    taps,
+                    &scheduled(&job.request, &plans, cfg.throughput_schedule),
+                    tok,
+                    Some(&mut cache),
+                )
             }) {
                 Ok(s) => {
                     inc(&n.active);

@@ -48,6 +48,10 @@ pub struct Request {
     /// is batched with it, so its windows are its own rule's, not the batch schedule's (greedy
     /// output is the same either way).
     pub seeded: bool,
+    /// The `auto` schedule's choice: where drafting has not paid, the engine may take plain
+    /// steps instead (greedy, or unseeded sampled requests; see [`crate::batch_schedule`]).
+    /// `false` drafts every step (`--schedule full`, manual pruning).
+    pub adaptive: bool,
 }
 
 /// What one step emitted.
@@ -167,6 +171,7 @@ pub struct Session<'m, 't> {
     target: &'m Model,
     decoding: Decoding,
     seeded: bool,
+    adaptive: bool,
     /// Steps since the session last drafted (a batch schedule may hold its drafts back).
     idle: usize,
     /// The schedule of steps taken alone ([`Session::step`]), kept across them.
@@ -218,6 +223,7 @@ impl<'m, 't> Session<'m, 't> {
             target,
             decoding,
             seeded: req.seeded,
+            adaptive: req.adaptive,
             idle: 0,
             schedule: crate::batch::BatchSchedule::default(),
             text: tok.map(|t| TextStream::keeping(t, &req.stop, &req.kept_tokens)),
@@ -304,7 +310,7 @@ impl<'m, 't> Session<'m, 't> {
     /// [`Request::seeded`]).
     pub fn batch_scheduled(&self) -> bool {
         match &self.decoding {
-            Decoding::Spec(r) => r.throughput_scheduled() && (r.is_greedy() || !self.seeded),
+            Decoding::Spec(r) => (r.throughput_scheduled() || self.adaptive) && (r.is_greedy() || !self.seeded),
             Decoding::Plain(_) => false,
         }
     }

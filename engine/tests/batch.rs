@@ -31,6 +31,7 @@ fn request(i: u32, temperature: f64, pruning: Pruning, seeded: bool) -> Request 
         pruning,
         kept_tokens: vec![],
         seeded,
+        adaptive: false,
     }
 }
 

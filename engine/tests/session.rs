@@ -53,6 +53,7 @@ fn request(prompt: &[u32], sampler: &SamplerConfig, seed: u64, max_tokens: usize
         pruning: Pruning::Off,
         kept_tokens: vec![],
         seeded: true,
+        adaptive: false,
     }
 }
 

@@ -380,6 +380,7 @@ pub fn validate(endpoint: Endpoint, f: Fields, info: &ModelInfo) -> Result<Parse
             pruning: Default::default(),
             kept_tokens,
             seeded,
+            adaptive: false,
         },
         reply,
         stream,

@@ -178,6 +178,7 @@ fn reference_text(prompt: &str, chat: bool, body: &Value) -> String {
         pruning: spec_decode::Pruning::Off,
         kept_tokens: vec![],
         seeded: true,
+        adaptive: false,
     };
     let s = serve::Session::start(&m, Some(d.as_mut()), &req, Some(&tok), None).unwrap();
     s.run(Some(d.as_mut()), |_| {}).unwrap().text

@@ -587,17 +587,18 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
     let mut rows = Vec::new();
     println!("\nthe default pair on {n} held-out prompts × {max_tokens} tokens (γ {gamma}, {}):", resolved.describe());
     println!(
-        "| sampling | speedup min | median | max | outputs that loop | median without loops | τ | acceptance | plain tok/s | speculative tok/s | greedy outputs identical |"
+        "| sampling | speedup min | median | max | outputs that loop | median without loops | τ | acceptance | plain tok/s | speculative tok/s | greedy outputs identical | engine auto: median | without loops | tok/s |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, sampler) in samplers {
         let mut speedups = Vec::new();
         let mut looping = Vec::new();
         let mut totals = spec_decode::SpecStats::default();
-        let (mut plain_total, mut spec_total, mut identical) = (0.0, 0.0, 0usize);
+        let (mut plain_total, mut spec_total, mut auto_total, mut identical) = (0.0, 0.0, 0.0, 0usize);
+        let mut auto_speedups = Vec::new();
         for (i, prompt) in ids.iter().enumerate() {
             let cfg = held_out_config(max_tokens, &sampler, i);
-            let (mut plain, mut spec) = (Vec::new(), Vec::new());
+            let (mut plain, mut spec, mut auto) = (Vec::new(), Vec::new(), Vec::new());
             let (mut plain_tokens, mut spec_tokens) = (Vec::new(), Vec::new());
             let mut stats = spec_decode::SpecStats::default();
             for _ in 0..reps {
@@ -610,11 +611,33 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
                 spec.push(s.stats.prefill_ms + s.stats.decode_ms);
                 spec_tokens = s.tokens;
                 stats = s.stats;
+                // What `dspark generate` and a server with one request run: an engine session
+                // under the `auto` schedule without a profile (full blocks while drafting pays,
+                // plain steps where it has not), unseeded so sampled requests adapt too.
+                let req = engine::Request {
+                    prompt: prompt.clone(),
+                    generate: cfg.clone(),
+                    stop: vec![],
+                    gamma: None,
+                    pruning: spec_decode::Pruning::Off,
+                    kept_tokens: vec![],
+                    seeded: false,
+                    adaptive: true,
+                };
+                let t = Instant::now();
+                let session = engine::Session::start(&model, Some(drafter.as_mut()), &req, None, None)?;
+                let out = session.run(Some(drafter.as_mut()), |_| {})?;
+                auto.push(t.elapsed().as_secs_f64() * 1e3);
+                if sampler.is_greedy() && out.tokens != plain_tokens {
+                    bail!("greedy output of the engine session differs from plain decoding on held-out prompt {i}");
+                }
             }
-            let (p, s) = (median(plain), median(spec));
+            let (p, s, a) = (median(plain), median(spec), median(auto));
             plain_total += p;
             spec_total += s;
+            auto_total += a;
             speedups.push(p / s.max(1e-9));
+            auto_speedups.push(p / a.max(1e-9));
             looping.push(crate::repeats::loops(&plain_tokens));
             totals.absorb(&stats);
             if plain_tokens == spec_tokens {
@@ -634,19 +657,28 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
         let loop_free: Vec<f64> = speedups.iter().zip(&looping).filter(|(_, &l)| !l).map(|(s, _)| *s).collect();
         let loop_free_median = (!loop_free.is_empty()).then(|| median(loop_free.clone()));
         let loops = looping.iter().filter(|&&l| l).count();
+        let auto_median = median(auto_speedups.clone());
+        let auto_loop_free: Vec<f64> =
+            auto_speedups.iter().zip(&looping).filter(|(_, &l)| !l).map(|(s, _)| *s).collect();
+        let auto_loop_free_median = (!auto_loop_free.is_empty()).then(|| median(auto_loop_free));
+        let times = |m: Option<f64>| m.map_or_else(|| "-".to_string(), |m| format!("{m:.2}×"));
         println!(
-            "| {name} | {min:.2}× | {med:.2}× | {max:.2}× | {loops}/{n} | {} ({} outputs) | {:.2} | {:.1}% | {:.1} | {:.1} | {same} |",
-            loop_free_median.map_or_else(|| "-".to_string(), |m| format!("{m:.2}×")),
+            "| {name} | {min:.2}× | {med:.2}× | {max:.2}× | {loops}/{n} | {} ({} outputs) | {:.2} | {:.1}% | {:.1} | {:.1} | {same} | {auto_median:.2}× | {} | {:.1} |",
+            times(loop_free_median),
             loop_free.len(),
             totals.tau(),
             100.0 * totals.acceptance_rate(),
             rate(plain_total),
-            rate(spec_total)
+            rate(spec_total),
+            times(auto_loop_free_median),
+            rate(auto_total)
         );
         rows.push(json!({"sampling": name, "speedup_min": min, "speedup_median": med, "speedup_max": max,
                          "speedups": speedups, "looping": looping, "loop_free_speedup_median": loop_free_median,
                          "long_repeat_tokens": crate::repeats::LONG_REPEAT, "tau": totals.tau(), "acceptance": totals.acceptance_rate(),
                          "plain_tok_per_s": rate(plain_total), "speculative_tok_per_s": rate(spec_total),
+                         "engine_auto_speedups": auto_speedups, "engine_auto_speedup_median": auto_median,
+                         "engine_auto_loop_free_speedup_median": auto_loop_free_median, "engine_auto_tok_per_s": rate(auto_total),
                          "identical": identical, "accepted_by_position": totals.accepted_by_pos,
                          "drafted_by_position": totals.drafted_by_pos}));
     }

@@ -111,6 +111,7 @@ fn sample(
                 pruning: pruning.clone(),
                 kept_tokens: vec![],
                 seeded: false,
+                adaptive: false,
             };
             sessions.push(Some(Session::start(model, Some(d as &mut dyn Drafter), &req, None, None)?));
         }
