@@ -52,8 +52,10 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
     let offers: Vec<(f64, usize)> =
         scheduled.iter().map(|&i| (members[i].session.expected_accepted(), members[i].session.idle())).collect();
     let mut caps: Vec<Option<usize>> = vec![None; n];
+    // Whether drafting has paid at this batch size, then who drafts.
+    let may_draft = schedule.may_draft(n);
     for (&i, draft) in scheduled.iter().zip(schedule.drafting(&offers, n)) {
-        caps[i] = (!draft).then_some(0);
+        caps[i] = (!(draft && may_draft)).then_some(0);
     }
     for (i, m) in members.iter_mut().enumerate() {
         match m.session.prepare(m.drafter.as_deref(), caps[i]) {
@@ -156,7 +158,11 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
         "step: {n} sessions, {drafted} drafting ({draft_ms:.1} ms), forwards of {forwards:?} rows ({forward_ms:.1} ms), \
          {emitted_all} tokens in {step_ms:.1} ms"
     );
-    schedule.record(n, emitted_all, step_ms, drafted, draft_ms, &forwards, forward_ms);
+    if !scheduled.is_empty() {
+        let let_draft = scheduled.iter().any(|&i| caps[i].is_none());
+        schedule.record_measured(n, let_draft, emitted_all, step_ms);
+    }
+    schedule.record(emitted_all, step_ms, drafted, draft_ms, &forwards, forward_ms);
     outs.into_iter().map(|o| o.unwrap_or_else(|| Err(Error::Batch("a session got no step".into())))).collect()
 }
 

@@ -14,11 +14,13 @@
 //! windows; at high load rows cost more and the rate is the batch's, so weak drafters stop
 //! drafting and windows shrink, down to plain steps.
 //!
-//! A session stepping alone (`dspark generate`, a server with one request) decides by what it
-//! measured instead: the tokens per millisecond of its drafting steps against those of its
-//! plain steps, each arm tried again every [`PROBE_AFTER`] steps. Where a drafter costs more
-//! than it saves (a tiny target on a CPU, where a decode step is as cheap as a proposal), the
-//! request then decodes plainly instead of losing to plain decoding.
+//! Above both, what was measured decides whether drafting happens at all: for each batch size
+//! (sessions in the step), the tokens per millisecond of its steps where the schedule let
+//! sessions draft against those of its steps where none did, each arm tried again every
+//! [`PROBE_AFTER`] steps. Where drafting costs more than it saves (a tiny target on a CPU,
+//! where a decode step is as cheap as a proposal; many sessions, where rows are no longer
+//! cheap) the batch then decodes plainly instead of losing to plain decoding. A session
+//! stepping alone (`dspark generate`, a server with one request) is the batch size 1.
 
 use spec_decode::schedule::batch::BatchCost;
 
@@ -92,12 +94,45 @@ pub struct BatchSchedule {
     /// Milliseconds per unit of forward cost.
     unit_ms: Fading,
     steps: usize,
-    /// A lone session's recent steps that drafted / did not draft.
-    alone_drafting: Recent,
-    alone_plain: Recent,
-    /// Steps with one session, and how many of them drafted.
-    alone_steps: usize,
-    alone_drafted: usize,
+    /// By batch size: its recent steps with and without drafting.
+    arms: std::collections::BTreeMap<usize, Arms>,
+}
+
+/// A batch size's recent steps where sessions drafted and where none did.
+#[derive(Clone, Debug, Default)]
+struct Arms {
+    drafting: Recent,
+    plain: Recent,
+    steps: usize,
+    drafted: usize,
+}
+
+impl Arms {
+    /// Whether this step may draft: three drafting steps first (two counted), then two plain
+    /// ones (one counted), then whichever has given more tokens per millisecond, the other
+    /// tried again every [`PROBE_AFTER`] steps.
+    fn may_draft(&self) -> bool {
+        let plain_steps = self.steps - self.drafted;
+        let (Some(drafting), Some(plain)) = (self.drafting.rate(), self.plain.rate()) else {
+            return self.drafted < 3 || plain_steps >= 2;
+        };
+        let better = drafting >= plain;
+        let probe = self.steps.is_multiple_of(PROBE_AFTER);
+        tracing::debug!("measured: {drafting:.3} tok/ms drafting, {plain:.3} plain -> drafting {}", better != probe);
+        better != probe
+    }
+
+    fn record(&mut self, drafted: bool, tokens: usize, step_ms: f64) {
+        // Each arm's first step is not counted: it pays one-off set-up (the drafter's first
+        // proposal, a sleeping helper thread) that later steps do not.
+        let earlier = if drafted { self.drafted } else { self.steps - self.drafted };
+        if earlier > 0 {
+            let arm = if drafted { &mut self.drafting } else { &mut self.plain };
+            arm.add(tokens as f64, step_ms);
+        }
+        self.steps += 1;
+        self.drafted += usize::from(drafted);
+    }
 }
 
 impl BatchSchedule {
@@ -112,6 +147,14 @@ impl BatchSchedule {
         self.per_unit.mean().filter(|_| self.steps >= 2)
     }
 
+    /// Whether any session may draft in a step of `sessions` sessions: by what steps of that
+    /// size have measured (see the module docs; `true` until both arms are measured, which
+    /// takes three drafting steps and then two plain ones). Decided from past steps only, before
+    /// any draft is seen.
+    pub fn may_draft(&self, sessions: usize) -> bool {
+        self.arms.get(&sessions).is_none_or(Arms::may_draft)
+    }
+
     /// Which of the sessions the schedule chooses for draft this step: `sessions[i]` =
     /// (drafts it is expected to get accepted, steps since it last drafted), with `anchors` rows
     /// in the batch already. The most promising sessions draft, as many as maximise expected
@@ -120,9 +163,6 @@ impl BatchSchedule {
     /// drafts without a cost curve or before two steps were measured, and sessions idle for
     /// [`PROBE_AFTER`] steps draft again on every [`PROBE_AFTER`]th step.
     pub fn drafting(&self, sessions: &[(f64, usize)], anchors: usize) -> Vec<bool> {
-        if let ([_], 1) = (sessions, anchors) {
-            return vec![self.alone_drafts()];
-        }
         let (Some(cost), Some(price), Some(unit), Some(first)) =
             (&self.cost, self.per_ms.mean(), self.unit_ms.mean(), self.draft_first.mean())
         else {
@@ -161,27 +201,19 @@ impl BatchSchedule {
         chosen
     }
 
-    /// Whether a session stepping alone drafts this step: first until two drafting steps were
-    /// measured, then one plain step, then whichever arm has given more tokens per millisecond,
-    /// the other tried again every [`PROBE_AFTER`] steps.
-    fn alone_drafts(&self) -> bool {
-        let plain_steps = self.alone_steps - self.alone_drafted;
-        let (Some(drafting), Some(plain)) = (self.alone_drafting.rate(), self.alone_plain.rate()) else {
-            // Three drafting steps (two counted), then two plain ones (one counted).
-            return self.alone_drafted < 3 || plain_steps >= 2;
-        };
-        let better = drafting >= plain;
-        let probe = self.alone_steps.is_multiple_of(PROBE_AFTER);
-        tracing::debug!("alone: {drafting:.3} tok/ms drafting, {plain:.3} plain -> drafting {}", better != probe);
-        better != probe
+    /// Records what a step of `sessions` sessions, some of them the schedule's to decide for,
+    /// yielded for [`Self::may_draft`]: whether the schedule let them draft (`drafted`), and
+    /// `tokens` emitted in `step_ms`.
+    pub fn record_measured(&mut self, sessions: usize, drafted: bool, tokens: usize, step_ms: f64) {
+        if sessions > 0 && step_ms > 0.0 {
+            self.arms.entry(sessions).or_default().record(drafted, tokens, step_ms);
+        }
     }
 
-    /// Records a step of `sessions` sessions: `tokens` emitted in `step_ms`; `drafting` sessions
-    /// drafted in `draft_ms`; forwards over `rows` (one entry per forward) took `forward_ms` in all.
-    #[allow(clippy::too_many_arguments)]
+    /// Records a step: `tokens` emitted in `step_ms`; `drafting` sessions drafted in `draft_ms`;
+    /// forwards over `rows` (one entry per forward) took `forward_ms` in all.
     pub fn record(
         &mut self,
-        sessions: usize,
         tokens: usize,
         step_ms: f64,
         drafting: usize,
@@ -189,18 +221,6 @@ impl BatchSchedule {
         rows: &[usize],
         forward_ms: f64,
     ) {
-        if sessions == 1 && step_ms > 0.0 {
-            // Each arm's first step is not counted: it pays one-off set-up (the drafter's
-            // first proposal, a sleeping helper thread) that later steps do not.
-            let drafted = drafting > 0;
-            let earlier = if drafted { self.alone_drafted } else { self.alone_steps - self.alone_drafted };
-            if earlier > 0 {
-                let arm = if drafted { &mut self.alone_drafting } else { &mut self.alone_plain };
-                arm.add(tokens as f64, step_ms);
-            }
-            self.alone_steps += 1;
-            self.alone_drafted += usize::from(drafted);
-        }
         let Some(cost) = &self.cost else { return };
         let units: f64 = rows.iter().map(|&n| cost.at(n)).sum();
         if units > 0.0 {
@@ -240,13 +260,13 @@ mod tests {
         // Alone: 3 tokens a 10 ms step, 3 ms of it drafting, the forward 5 ms for 4 rows.
         let mut s = BatchSchedule::new(Some(curve()));
         for _ in 0..5 {
-            s.record(2, 3, 10.0, 1, 3.0, &[4], 5.0);
+            s.record(3, 10.0, 1, 3.0, &[4], 5.0);
         }
-        assert_eq!(s.drafting(&[(2.0, 0)], 2), vec![true], "two accepted drafts pay for 3 ms of drafting");
+        assert_eq!(s.drafting(&[(2.0, 0)], 1), vec![true], "two accepted drafts pay for 3 ms of drafting");
         // Sixteen sessions: 24 tokens a 20 ms step; drafting 1 ms for one session, +0.2 ms each.
         let mut busy = BatchSchedule::new(Some(curve()));
         for k in [1, 4, 1, 8, 1, 4] {
-            busy.record(16, 24, 20.0, k, 1.0 + 0.2 * (k - 1) as f64, &[32], 15.0);
+            busy.record(24, 20.0, k, 1.0 + 0.2 * (k - 1) as f64, &[32], 15.0);
         }
         // One likely session alone does not pay for the 1 ms forward; two share it.
         assert_eq!(busy.drafting(&[(0.3, 0), (4.0, 0)], 16), vec![false, false]);
@@ -255,7 +275,7 @@ mod tests {
         // Six steps recorded: not a probing step; then ten more make sixteen.
         assert_eq!(busy.drafting(&[(0.3, 0), (0.2, PROBE_AFTER)], 16), vec![false, false]);
         for _ in 0..10 {
-            busy.record(16, 24, 20.0, 0, 0.0, &[16], 10.0);
+            busy.record(24, 20.0, 0, 0.0, &[16], 10.0);
         }
         assert_eq!(
             busy.drafting(&[(0.3, 0), (0.2, PROBE_AFTER)], 16),
@@ -265,38 +285,33 @@ mod tests {
         assert_eq!(busy.drafting(&[(0.5, 0)], 16), vec![false], "half a draft does not pay for a forward");
     }
 
-    /// Alone, a session drafts while its drafting steps yield more tokens per millisecond than
-    /// its plain steps, and tries the other arm every PROBE_AFTER steps; with or without a curve.
+    /// A batch size drafts while its drafting steps yield more tokens per millisecond than its
+    /// plain steps, and tries the other arm every PROBE_AFTER steps; each size on its own.
     #[test]
-    fn a_lone_session_drafts_only_while_drafting_pays() {
-        for cost in [None, Some(curve())] {
-            // Drafting: 3 tokens in 4 ms (0.75 tok/ms); plain: 1 token in 1 ms.
-            let mut s = BatchSchedule::new(cost.clone());
-            let mut chosen = Vec::new();
-            for _ in 0..48 {
-                let d = s.drafting(&[(2.0, 0)], 1)[0];
-                chosen.push(d);
-                if d {
-                    s.record(1, 3, 4.0, 1, 1.5, &[4], 2.0);
-                } else {
-                    s.record(1, 1, 1.0, 0, 0.0, &[1], 0.8);
-                }
-            }
-            assert_eq!(&chosen[..5], &[true, true, true, false, false], "three drafting steps, then two plain");
-            let drafted_later: Vec<usize> = (5..48).filter(|&i| chosen[i]).collect();
-            assert_eq!(drafted_later, vec![16, 32], "plain wins; drafting is probed every {PROBE_AFTER} steps");
-            // Drafting: 5 tokens in 3 ms beats 1 token a ms: plain only when probing.
-            let mut s = BatchSchedule::new(cost);
-            let mut plain = Vec::new();
-            for i in 0..48 {
-                if s.drafting(&[(2.0, 0)], 1)[0] {
-                    s.record(1, 5, 3.0, 1, 1.0, &[6], 1.5);
-                } else {
-                    plain.push(i);
-                    s.record(1, 1, 1.0, 0, 0.0, &[1], 0.8);
-                }
-            }
-            assert_eq!(plain, vec![3, 4, 16, 32], "the plain arm measured, then probed");
+    fn drafting_happens_only_while_it_has_paid() {
+        // Alone: drafting 3 tokens in 4 ms (0.75 tok/ms) against 1 token a ms.
+        let mut s = BatchSchedule::new(None);
+        let mut chosen = Vec::new();
+        for _ in 0..48 {
+            let d = s.may_draft(1);
+            chosen.push(d);
+            s.record_measured(1, d, if d { 3 } else { 1 }, if d { 4.0 } else { 1.0 });
         }
+        assert_eq!(&chosen[..5], &[true, true, true, false, false], "three drafting steps, then two plain");
+        let drafted_later: Vec<usize> = (5..48).filter(|&i| chosen[i]).collect();
+        assert_eq!(drafted_later, vec![16, 32], "plain wins; drafting is probed every {PROBE_AFTER} steps");
+        assert!(s.may_draft(8), "another batch size has measured nothing yet");
+        // Eight sessions: drafting 40 tokens in 10 ms beats 8 tokens in 4 ms: plain only to probe.
+        let mut plain = Vec::new();
+        for i in 0..48 {
+            let d = s.may_draft(8);
+            if !d {
+                plain.push(i);
+            }
+            s.record_measured(8, d, if d { 40 } else { 8 }, if d { 10.0 } else { 4.0 });
+        }
+        assert_eq!(plain, vec![3, 4, 16, 32], "the plain arm measured, then probed");
+        s.record_measured(1, false, 1, 1.0); // past the probe at its 48th step
+        assert!(!s.may_draft(1), "batch size 1 keeps what it measured");
     }
 }
