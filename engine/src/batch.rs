@@ -52,10 +52,12 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
     let offers: Vec<(f64, usize)> =
         scheduled.iter().map(|&i| (members[i].session.expected_accepted(), members[i].session.idle())).collect();
     let mut caps: Vec<Option<usize>> = vec![None; n];
-    // Whether drafting has paid at this batch size, then who drafts.
-    let may_draft = schedule.may_draft(n);
+    // Who drafts; adaptive sessions only where drafting has paid at this batch size.
+    let gated: Vec<usize> = scheduled.iter().copied().filter(|&i| members[i].session.adaptive()).collect();
+    let may_draft = gated.is_empty() || schedule.may_draft(n);
     for (&i, draft) in scheduled.iter().zip(schedule.drafting(&offers, n)) {
-        caps[i] = (!(draft && may_draft)).then_some(0);
+        let held = !may_draft && members[i].session.adaptive();
+        caps[i] = (!draft || held).then_some(0);
     }
     for (i, m) in members.iter_mut().enumerate() {
         match m.session.prepare(m.drafter.as_deref(), caps[i]) {
@@ -158,8 +160,8 @@ pub fn step(target: &Model, members: &mut [Member<'_, '_, '_>], schedule: &mut B
         "step: {n} sessions, {drafted} drafting ({draft_ms:.1} ms), forwards of {forwards:?} rows ({forward_ms:.1} ms), \
          {emitted_all} tokens in {step_ms:.1} ms"
     );
-    if !scheduled.is_empty() {
-        let let_draft = scheduled.iter().any(|&i| caps[i].is_none());
+    if !gated.is_empty() {
+        let let_draft = gated.iter().any(|&i| caps[i].is_none());
         schedule.record_measured(n, let_draft, emitted_all, step_ms);
     }
     schedule.record(emitted_all, step_ms, drafted, draft_ms, &forwards, forward_ms);

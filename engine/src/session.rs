@@ -315,6 +315,12 @@ impl<'m, 't> Session<'m, 't> {
         }
     }
 
+    /// Whether the session may take plain steps where drafting has not paid
+    /// ([`Request::adaptive`]).
+    pub fn adaptive(&self) -> bool {
+        self.adaptive
+    }
+
     /// Steps since the session last drafted.
     pub fn idle(&self) -> usize {
         self.idle
