@@ -293,15 +293,38 @@ fn run_group(
         Ok((logits, out.taps))
     };
     let t0 = std::time::Instant::now();
-    // Evaluated here, so the forward's time is measured apart from the verdicts'.
-    let fwd = forward().and_then(|(l, t)| {
-        let mut all = vec![&l];
-        all.extend(t.as_ref());
+    // Each member's rows of the forward, and the plain members' next tokens drawn from theirs,
+    // evaluated here in one pass with the forward (one host sync for all plain draws; the
+    // forward's time is measured apart from the verdicts').
+    let fwd = forward().and_then(|(logits, taps)| {
+        let mut parts = Vec::with_capacity(group.len());
+        let mut draws = Vec::new();
+        let mut start = 0i32;
+        for &i in group {
+            let Some(r) = rows[i].as_ref() else { continue };
+            let len = r.len() as i32;
+            let l = logits.slice_axis(0, start, start + len)?;
+            let t = taps.as_ref().map(|t| t.slice_axis(1, start, start + len)).transpose()?;
+            start += len;
+            // A session whose draw fails ends alone (its conclusion reports why).
+            match members[i].session.draw(r, &l) {
+                Ok(d) => draws.extend(d),
+                Err(e) => {
+                    outs[i] = Some(Err(e));
+                    rows[i] = None;
+                    continue;
+                }
+            }
+            parts.push((i, l, t));
+        }
+        let mut all = vec![&logits];
+        all.extend(taps.as_ref());
+        all.extend(draws.iter());
         mlx_core::eval(&all)?;
-        Ok((l, t))
+        Ok(parts)
     });
     let forward_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let (logits, taps) = match fwd {
+    let parts = match fwd {
         Ok(x) => x,
         Err(e) => {
             let msg = e.to_string();
@@ -312,21 +335,14 @@ fn run_group(
         }
     };
     let mut emitted = 0;
-    let mut start = 0i32;
-    for &i in group {
+    for (i, l, t) in parts {
         let Some(r) = rows[i].take() else { continue };
-        let len = r.len() as i32;
         let m = &mut members[i];
-        let out = (|| -> Result<StepOut> {
-            let l = logits.slice_axis(0, start, start + len)?;
-            let t = taps.as_ref().map(|t| t.slice_axis(1, start, start + len)).transpose()?;
-            m.session.conclude(m.drafter.as_deref_mut(), r, &l, t.as_ref())
-        })();
+        let out = m.session.conclude(m.drafter.as_deref_mut(), r, &l, t.as_ref());
         if let Ok(o) = &out {
             emitted += o.tokens.len();
         }
         outs[i] = Some(out);
-        start += len;
     }
     (emitted, forward_ms)
 }

@@ -18,6 +18,8 @@ pub struct PlainRounds {
     emitted: usize,
     max_tokens: usize,
     stop_tokens: Vec<u32>,
+    /// The next token drawn for the batch's one evaluation ([`Self::draw`]), not yet read.
+    drawn: Option<Array>,
 }
 
 impl PlainRounds {
@@ -30,6 +32,7 @@ impl PlainRounds {
             emitted: 0,
             max_tokens: cfg.max_tokens,
             stop_tokens: cfg.stop_tokens.clone(),
+            drawn: None,
         })
     }
 
@@ -48,12 +51,27 @@ impl PlainRounds {
         &mut self.cache
     }
 
-    /// Draws the next token from the step's logits `[1, V]` (one host read); returns it, or why
-    /// the request ended (a stop token is not emitted).
-    pub fn conclude(&mut self, target: &Model, logits: &Array) -> Result<(Option<u32>, Option<FinishReason>)> {
+    /// The next token drawn from the step's logits `[1, V]`, not evaluated // `[1]` uint32: a
+    /// batch evaluates every session's draw with its forward, in one pass, and
+    /// [`Self::conclude`] reads it.
+    pub fn draw(&mut self, target: &Model, logits: &Array) -> Result<Array> {
         target.check_first_logits(logits)?;
         let lp = biased_logprobs(logits, self.sampler.config())?;
-        let token = self.sampler.sample(&lp)?.astype(Dtype::U32)?.item::<u32>()?;
+        let token = self.sampler.sample(&lp)?.astype(Dtype::U32)?;
+        self.drawn = Some(token.clone());
+        Ok(token)
+    }
+
+    /// Reads the token drawn from the step's logits `[1, V]` (drawing it now unless
+    /// [`Self::draw`] did; one host read); returns it, or why the request ended (a stop token is
+    /// not emitted).
+    pub fn conclude(&mut self, target: &Model, logits: &Array) -> Result<(Option<u32>, Option<FinishReason>)> {
+        let drawn = match self.drawn.take() {
+            Some(t) => t,
+            None => self.draw(target, logits)?,
+        };
+        self.drawn = None;
+        let token = drawn.item::<u32>()?;
         if self.stop_tokens.contains(&token) {
             return Ok((None, Some(FinishReason::Stop)));
         }

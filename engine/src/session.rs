@@ -391,6 +391,16 @@ impl<'m, 't> Session<'m, 't> {
         }
     }
 
+    /// A plain step's next token, drawn from its `logits` // `[1, V]` without evaluating it (a
+    /// batch evaluates the draws with the forward, one pass for all); `None` for a speculative
+    /// round, whose verdict reads its logits in [`Self::conclude`].
+    pub fn draw(&mut self, rows: &Rows, logits: &Array) -> Result<Option<Array>> {
+        match (&mut self.decoding, rows) {
+            (Decoding::Plain(p), Rows::Plain(_)) => Ok(Some(p.draw(self.target, logits)?)),
+            _ => Ok(None),
+        }
+    }
+
     /// A step's last half, given the forward's rows for `rows`: `logits` // `[L, V]`, `taps`
     /// // `[1, L, m·H]` when the drafter taps. Emits, streams the text, commits.
     pub fn conclude(

@@ -158,9 +158,10 @@ pub fn check_top_k(k: usize, vocab: usize) -> std::result::Result<(), String> {
     ))
 }
 
-/// `logits − logsumexp(logits)` in the logits' dtype // `[.., V]`
+/// `logits − logsumexp(logits)` in the logits' dtype // `[.., V]` (f32 on the CPU: one row
+/// node, see `mlx_core::blas::log_softmax`)
 pub fn logprobs(logits: &Array) -> Result<Array> {
-    Ok(logits.subtract(&logits.logsumexp(&[-1], true)?)?)
+    Ok(mlx_core::blas::log_softmax(logits)?)
 }
 
 fn neg_inf_like(x: &Array) -> Result<Array> {

@@ -222,6 +222,30 @@ pub fn row_softcap(x: &Array, cap: f32) -> Result<Array> {
     Array::wrap("row_softcap", crate::sys::ffi::row_softcap(x.raw(), cap))
 }
 
+/// `x − logsumexp(x)` over the last axis (sampling's log-probabilities): [`row_log_softmax`]
+/// where [`row_kernels_for`] says so, otherwise MLX's composed form as mlx-lm computes it
+/// (`MLX_CORE_ROW_LINEAR=0` for the parity gate). No gradient on the row form.
+pub fn log_softmax(x: &Array) -> Result<Array> {
+    if row_kernels_for(x)? {
+        row_log_softmax(x)
+    } else {
+        x.subtract(&x.logsumexp(&[-1], true)?)
+    }
+}
+
+/// [`log_softmax`] of f32 `x` as one vectorized CPU node: each row reduced in a fixed order
+/// with a polynomial exp (within a few ulp of libm), so a row's bits are its own.
+#[track_caller]
+pub fn row_log_softmax(x: &Array) -> Result<Array> {
+    Array::wrap("row_log_softmax", crate::sys::ffi::row_log_softmax(x.raw()))
+}
+
+/// Whether [`row_log_softmax`]'s AVX2 and portable sums give the same bits on a row of `n`
+/// (true where AVX2 does not run).
+pub fn row_log_softmax_paths_agree(n: usize) -> bool {
+    crate::sys::ffi::row_log_softmax_paths_agree(n as i32)
+}
+
 /// The instruction set [`row_linear`] runs with on this machine: `"avx512"`, `"avx2"` or
 /// `"generic"` (`MLX_CORE_NO_AVX512` set turns the AVX-512 form off). The AVX-512 and AVX2
 /// forms give the same bits.

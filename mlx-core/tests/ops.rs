@@ -645,3 +645,30 @@ fn the_openblas_kernels_are_named_when_openblas_is_linked() {
         assert!(why.contains(&core.unwrap_or_default()) && why.contains("OPENBLAS_CORETYPE="), "{why}");
     }
 }
+
+/// Sampling's log-probabilities as one row node: MLX's `x − logsumexp(x)` up to a few ulp of
+/// the exp, masked (−inf) logits kept, every row's bits its own whatever the batch, and the
+/// AVX2 and portable sums identical.
+#[test]
+fn row_log_softmax_matches_the_composed_form_and_rows_are_their_own() {
+    let x = random::normal(&[4, 4099], Dtype::F32, 0.0, 6.0, &random::key(8).unwrap()).unwrap();
+    let masked =
+        Array::from_slice(&[f32::NEG_INFINITY, 3.0, -1e4, 0.5, f32::NEG_INFINITY, 88.0, -88.0], &[1, 7]).unwrap();
+    for x in [x, masked] {
+        let got = f32s(&mlx_core::blas::row_log_softmax(&x).unwrap());
+        let want = f32s(&x.subtract(&x.logsumexp(&[-1], true).unwrap()).unwrap());
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g == w || (g - w).abs() <= 1e-5 * w.abs().max(1.0), "{g} vs {w}");
+        }
+    }
+    let rows = random::normal(&[5, 300], Dtype::F32, 0.0, 6.0, &random::key(9).unwrap()).unwrap();
+    let all = f32s(&mlx_core::blas::row_log_softmax(&rows).unwrap());
+    for r in [0, 3, 4] {
+        let one = f32s(&mlx_core::blas::row_log_softmax(&rows.slice_axis(0, r, r + 1).unwrap()).unwrap());
+        let part = &all[r as usize * 300..(r as usize + 1) * 300];
+        assert!(one.iter().zip(part).all(|(a, b)| a.to_bits() == b.to_bits()), "row {r} differs alone");
+    }
+    for n in [1, 7, 8, 9, 300, 4096, 4099] {
+        assert!(mlx_core::blas::row_log_softmax_paths_agree(n), "AVX2 and portable sums differ at n = {n}");
+    }
+}

@@ -248,6 +248,8 @@ pub(crate) mod ffi {
         fn row_linear_isa() -> String;
         fn row_gelu(x: &Array) -> Result<UniquePtr<Array>>;
         fn row_softcap(x: &Array, cap: f32) -> Result<UniquePtr<Array>>;
+        fn row_log_softmax(x: &Array) -> Result<UniquePtr<Array>>;
+        fn row_log_softmax_paths_agree(n: i32) -> bool;
         fn row_linear_paths_agree(m: i32, k: i32, n: i32) -> bool;
         // ---- the same for MLX-affine 8/4-bit weights read packed (row_quantized.cc) ----
         fn row_quantized_linear(

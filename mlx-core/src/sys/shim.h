@@ -104,6 +104,10 @@ ArrayPtr row_linear(const Array& x, const Array& w);
 ArrayPtr row_gelu(const Array& x);
 // cap · tanh(x / cap) of f32 x on the CPU in one vectorized pass, elementwise (row_gelu.cc).
 ArrayPtr row_softcap(const Array& x, float cap);
+// log_softmax over the last axis of f32 x on the CPU, one vectorized pass per row, each row's
+// bits its own (row_gelu.cc); whether its AVX2 and portable sums agree on a row of n.
+ArrayPtr row_log_softmax(const Array& x);
+bool row_log_softmax_paths_agree(int32_t n);
 // The instruction set row_linear runs with here ("avx512", "avx2" or "generic").
 rust::String row_linear_isa();
 // Whether the AVX-512 and AVX2 forms give the same bits on random [M, K] x [N, K] (true when
