@@ -15,7 +15,7 @@
 //! drafting and windows shrink, down to plain steps.
 //!
 //! Above both, what was measured decides whether drafting happens at all: for each batch size
-//! (sessions in the step), the tokens per millisecond of its steps where the schedule let
+//! class (1, 2–3, 4–7, … sessions in the step), the tokens per millisecond of its steps where the schedule let
 //! sessions draft against those of its steps where none did, each arm tried again every
 //! [`PROBE_AFTER`] steps. Where drafting costs more than it saves (a tiny target on a CPU,
 //! where a decode step is as cheap as a proposal; many sessions, where rows are no longer
@@ -94,8 +94,15 @@ pub struct BatchSchedule {
     /// Milliseconds per unit of forward cost.
     unit_ms: Fading,
     steps: usize,
-    /// By batch size: its recent steps with and without drafting.
-    arms: std::collections::BTreeMap<usize, Arms>,
+    /// By batch size class ([`size_class`]): its recent steps with and without drafting.
+    arms: std::collections::BTreeMap<u32, Arms>,
+}
+
+/// The class a batch of `sessions` is measured in: 1, 2–3, 4–7, 8–15, … sessions. A batch's
+/// size moves as requests come and go; classes keep each one's measurements from being spread
+/// over every size it passes through (each would explore on its own).
+fn size_class(sessions: usize) -> u32 {
+    sessions.max(1).ilog2()
 }
 
 /// A batch size's recent steps where sessions drafted and where none did.
@@ -147,12 +154,12 @@ impl BatchSchedule {
         self.per_unit.mean().filter(|_| self.steps >= 2)
     }
 
-    /// Whether any session may draft in a step of `sessions` sessions: by what steps of that
-    /// size have measured (see the module docs; `true` until both arms are measured, which
+    /// Whether any session may draft in a step of `sessions` sessions: by what steps of about
+    /// that size ([`size_class`]) have measured (see the module docs; `true` until both arms are measured, which
     /// takes three drafting steps and then two plain ones). Decided from past steps only, before
     /// any draft is seen.
     pub fn may_draft(&self, sessions: usize) -> bool {
-        self.arms.get(&sessions).is_none_or(Arms::may_draft)
+        self.arms.get(&size_class(sessions)).is_none_or(Arms::may_draft)
     }
 
     /// Which of the sessions the schedule chooses for draft this step: `sessions[i]` =
@@ -206,7 +213,7 @@ impl BatchSchedule {
     /// `tokens` emitted in `step_ms`.
     pub fn record_measured(&mut self, sessions: usize, drafted: bool, tokens: usize, step_ms: f64) {
         if sessions > 0 && step_ms > 0.0 {
-            self.arms.entry(sessions).or_default().record(drafted, tokens, step_ms);
+            self.arms.entry(size_class(sessions)).or_default().record(drafted, tokens, step_ms);
         }
     }
 
@@ -301,6 +308,7 @@ mod tests {
         let drafted_later: Vec<usize> = (5..48).filter(|&i| chosen[i]).collect();
         assert_eq!(drafted_later, vec![16, 32], "plain wins; drafting is probed every {PROBE_AFTER} steps");
         assert!(s.may_draft(8), "another batch size has measured nothing yet");
+        assert_eq!((size_class(1), size_class(3), size_class(4), size_class(15), size_class(16)), (0, 1, 2, 3, 4));
         // Eight sessions: drafting 40 tokens in 10 ms beats 8 tokens in 4 ms: plain only to probe.
         let mut plain = Vec::new();
         for i in 0..48 {
