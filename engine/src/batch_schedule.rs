@@ -155,9 +155,9 @@ impl BatchSchedule {
     }
 
     /// Whether any session may draft in a step of `sessions` sessions: by what steps of about
-    /// that size ([`size_class`]) have measured (see the module docs; `true` until both arms are measured, which
-    /// takes three drafting steps and then two plain ones). Decided from past steps only, before
-    /// any draft is seen.
+    /// that size (1, 2–3, 4–7, … sessions) have measured (see the module docs; `true` until both
+    /// arms are measured, which takes three drafting steps and then two plain ones). Decided
+    /// from past steps only, before any draft is seen.
     pub fn may_draft(&self, sessions: usize) -> bool {
         self.arms.get(&size_class(sessions)).is_none_or(Arms::may_draft)
     }
