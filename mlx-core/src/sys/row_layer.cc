@@ -128,14 +128,46 @@ std::vector<RowMatrix> matrices(const std::vector<mx::array>& held, size_t fixed
   return out;
 }
 
+// What a node laying out per-head projections is configured by (RowQkv, RowNormedHeads).
+class HeadsNode : public CpuOnlyMulti {
+ public:
+  HeadsNode(mx::Stream s, int head_dim, int batch, float eps, Packing packing)
+      : CpuOnlyMulti(s), d_(head_dim), b_(batch), eps_(eps), packing_(std::move(packing)) {}
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const HeadsNode*>(&other);
+    return o && d_ == o->d_ && b_ == o->b_ && eps_ == o->eps_ && packing_ == o->packing_;
+  }
+
+ protected:
+  int d_;
+  int b_;
+  float eps_;
+  Packing packing_;
+};
+
+// What a layer-tail node is configured by (RowFfn, RowPreNormFfn).
+class TailNode : public CpuOnlyUnary {
+ public:
+  TailNode(mx::Stream s, float eps, Packing packing) : CpuOnlyUnary(s), eps_(eps), packing_(std::move(packing)) {}
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const TailNode*>(&other);
+    return o && eps_ == o->eps_ && packing_ == o->packing_;
+  }
+
+ protected:
+  float eps_;
+  Packing packing_;
+};
+
 // inputs: x [R = B·L, H], input norm [H], wq [Hq·D, H], q norm [D], wk [Hkv·D, H], k norm [D],
 // wv [Hkv·D, H], positions [L] int32, RoPE inverse frequencies [D/2]. outputs: q [B, Hq, L, D]
 // and k [B, Hkv, L, D] (each head normed with its weight, then roped), v [B, Hkv, L, D] (each
 // head normed without weight). The cache stays outside.
-class RowQkv : public CpuOnlyMulti {
+class RowQkv : public HeadsNode {
  public:
-  RowQkv(mx::Stream s, int head_dim, int batch, float eps, Packing packing)
-      : CpuOnlyMulti(s), d_(head_dim), b_(batch), eps_(eps), packing_(std::move(packing)) {}
+  using HeadsNode::HeadsNode;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto held = hold_all(inputs, outputs, stream(), "RowQkv");
@@ -174,16 +206,6 @@ class RowQkv : public CpuOnlyMulti {
   }
 
   DEFINE_NAME(RowQkv)
-  bool is_equivalent(const mx::Primitive& other) const override {
-    const auto& o = static_cast<const RowQkv&>(other);
-    return d_ == o.d_ && b_ == o.b_ && eps_ == o.eps_ && packing_ == o.packing_;
-  }
-
- private:
-  int d_;
-  int b_;
-  float eps_;
-  Packing packing_;
 };
 
 // inputs: attention output a [R, Hq·D], residual x [R, H], wo [H, Hq·D], post-attention norm
@@ -193,10 +215,9 @@ class RowQkv : public CpuOnlyMulti {
 //   h = x + norm(a·woᵀ)·post_attn;  t = norm(h)·pre_ff;
 //   h = h + norm((gelu(t·w_gateᵀ) ∗ t·w_upᵀ)·w_downᵀ)·post_ff;
 //   with PLE: h = h + norm((gelu(h·w_pgᵀ) ∗ pli)·w_ppᵀ)·post_ple;  out = h · scalar.
-class RowFfn : public CpuOnlyUnary {
+class RowFfn : public TailNode {
  public:
-  RowFfn(mx::Stream s, float eps, Packing packing, bool ple)
-      : CpuOnlyUnary(s), eps_(eps), packing_(std::move(packing)), ple_(ple) {}
+  RowFfn(mx::Stream s, float eps, Packing packing, bool ple) : TailNode(s, eps, std::move(packing)), ple_(ple) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto held = hold_row_inputs(inputs, out, stream(), "RowFfn", 0);
@@ -243,13 +264,11 @@ class RowFfn : public CpuOnlyUnary {
 
   DEFINE_NAME(RowFfn)
   bool is_equivalent(const mx::Primitive& other) const override {
-    const auto& o = static_cast<const RowFfn&>(other);
-    return eps_ == o.eps_ && packing_ == o.packing_ && ple_ == o.ple_;
+    const auto* o = dynamic_cast<const RowFfn*>(&other);
+    return o && TailNode::is_equivalent(other) && ple_ == o->ple_;
   }
 
  private:
-  float eps_;
-  Packing packing_;
   bool ple_;
 };
 
@@ -257,10 +276,9 @@ class RowFfn : public CpuOnlyUnary {
 // per-head norms, no rotation. inputs: x [R = B·L, H], norm [H], then one matrix w_i
 // [heads_i·D, H] per output (packed ones' scales and biases after them). outputs: per matrix,
 // (rms_norm(x)·norm)·w_iᵀ laid out by head, [B, heads_i, L, D].
-class RowNormedHeads : public CpuOnlyMulti {
+class RowNormedHeads : public HeadsNode {
  public:
-  RowNormedHeads(mx::Stream s, int head_dim, int batch, float eps, Packing packing)
-      : CpuOnlyMulti(s), d_(head_dim), b_(batch), eps_(eps), packing_(std::move(packing)) {}
+  using HeadsNode::HeadsNode;
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     auto held = hold_all(inputs, outputs, stream(), "RowNormedHeads");
@@ -297,25 +315,14 @@ class RowNormedHeads : public CpuOnlyMulti {
   }
 
   DEFINE_NAME(RowNormedHeads)
-  bool is_equivalent(const mx::Primitive& other) const override {
-    const auto& o = static_cast<const RowNormedHeads&>(other);
-    return d_ == o.d_ && b_ == o.b_ && eps_ == o.eps_ && packing_ == o.packing_;
-  }
-
- private:
-  int d_;
-  int b_;
-  float eps_;
-  Packing packing_;
 };
 
 // A pre-norm layer after attention (DSpark's backbone). inputs: a [R, A], x [R, H], wo [H, A],
 // feed-forward norm [H], w_gate [F, H], w_up [F, H], w_down [H, F]. output [R, H]:
 //   h = x + a·woᵀ;  out = h + (gelu(t·w_gateᵀ) ∗ t·w_upᵀ)·w_downᵀ with t = rms_norm(h)·ff_norm.
-class RowPreNormFfn : public CpuOnlyUnary {
+class RowPreNormFfn : public TailNode {
  public:
-  RowPreNormFfn(mx::Stream s, float eps, Packing packing)
-      : CpuOnlyUnary(s), eps_(eps), packing_(std::move(packing)) {}
+  using TailNode::TailNode;
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     auto held = hold_row_inputs(inputs, out, stream(), "RowPreNormFfn", 0);
@@ -344,14 +351,6 @@ class RowPreNormFfn : public CpuOnlyUnary {
   }
 
   DEFINE_NAME(RowPreNormFfn)
-  bool is_equivalent(const mx::Primitive& other) const override {
-    const auto& o = static_cast<const RowPreNormFfn&>(other);
-    return eps_ == o.eps_ && packing_ == o.packing_;
-  }
-
- private:
-  float eps_;
-  Packing packing_;
 };
 
 // rms_norm(x)·w over the last axis of f32 x (w optional) in one node: MLX's fast::rms_norm has
