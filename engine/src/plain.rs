@@ -18,6 +18,8 @@ pub struct PlainRounds {
     emitted: usize,
     max_tokens: usize,
     stop_tokens: Vec<u32>,
+    /// The request's settings, for [`Self::unstarted`].
+    cfg: gemma4::generate::GenerateConfig,
     /// The next token drawn for the batch's one evaluation ([`Self::draw`]), not yet read.
     drawn: Option<Array>,
 }
@@ -32,8 +34,25 @@ impl PlainRounds {
             emitted: 0,
             max_tokens: cfg.max_tokens,
             stop_tokens: cfg.stop_tokens.clone(),
+            cfg: cfg.clone(),
             drawn: None,
         })
+    }
+
+    /// Before its first step: the cache, the pending token and the request's settings (to decode
+    /// it with `gemma4`'s pipelined decoder instead); `None` once a step has run.
+    pub fn unstarted(&self) -> Option<(Cache, u32, gemma4::generate::GenerateConfig)> {
+        (self.emitted == 0 && self.drawn.is_none()).then(|| (self.cache.clone(), self.pending, self.cfg.clone()))
+    }
+
+    /// The tokens that end the request unemitted.
+    pub fn stop_tokens(&self) -> &[u32] {
+        &self.stop_tokens
+    }
+
+    /// Tokens the request may produce.
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
     }
 
     /// Whether the request has produced `max_tokens` tokens.

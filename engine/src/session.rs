@@ -423,6 +423,12 @@ impl<'m, 't> Session<'m, 't> {
             }
             _ => return Err(Error::Settings { what: "rows", detail: "the rows are another kind of session's".into() }),
         };
+        self.emit(new, ended)
+    }
+
+    /// A step's output from the tokens it produced (`new`) and why the request ended after them
+    /// (`ended`): streams the text, applies the stop strings, records the finish.
+    fn emit(&mut self, new: Vec<u32>, ended: Option<FinishReason>) -> Result<StepOut> {
         let mut out = StepOut::default();
         for t in new {
             self.tokens.push(t);
@@ -471,6 +477,49 @@ impl<'m, 't> Session<'m, 't> {
         outs.pop().unwrap_or_else(|| Err(Error::Batch("a batch of one gave no output".into())))
     }
 
+    /// A plain session alone, not yet stepped, as `gemma4`'s pipelined decoder (it builds step
+    /// n + 1's graph while step n runs, as `generate` does; a batched step cannot, its rows
+    /// depend on every session's last read). The same rows, sampler and key chain, so the same
+    /// tokens. `None` for a speculative session or one already stepped.
+    fn pipelined(&mut self) -> Result<Option<gemma4::generate::Decoder<'m>>> {
+        let Decoding::Plain(p) = &self.decoding else { return Ok(None) };
+        let Some((cache, last, cfg)) = p.unstarted() else { return Ok(None) };
+        if cfg.max_tokens == 0 || !self.tokens.is_empty() || self.finish.is_some() {
+            return Ok(None);
+        }
+        let dec = gemma4::generate::Decoder::from_prefilled(self.target, cache, last, self.prompt_tokens, &cfg)?;
+        Ok(Some(dec))
+    }
+
+    /// [`Self::run`] through the pipelined decoder: a step per token, as the batched path emits
+    /// them (a stop token ends the request unemitted; the last of `max_tokens` ends it).
+    fn run_pipelined(
+        mut self,
+        mut dec: gemma4::generate::Decoder<'m>,
+        mut on_step: impl FnMut(&StepOut),
+    ) -> Result<Outcome> {
+        let Decoding::Plain(p) = &self.decoding else {
+            return Err(Error::Settings { what: "decoding", detail: "a pipelined run needs a plain session".into() });
+        };
+        let (stop, max_tokens) = (p.stop_tokens().to_vec(), p.max_tokens());
+        let mut produced = 0usize;
+        loop {
+            let (new, ended) = match dec.next_step()? {
+                None => (Vec::new(), Some(FinishReason::Length)),
+                Some(step) if stop.contains(&step.token) => (Vec::new(), Some(FinishReason::Stop)),
+                Some(step) => {
+                    produced += 1;
+                    (vec![step.token], (produced >= max_tokens).then_some(FinishReason::Length))
+                }
+            };
+            let out = self.emit(new, ended)?;
+            on_step(&out);
+            if out.finished.is_some() {
+                return Ok(self.finish());
+            }
+        }
+    }
+
     /// Ends the session (early, if it has not finished: then `finish` is `Length`).
     pub fn finish(self) -> Outcome {
         let decode_ms = self.t_decode.elapsed().as_secs_f64() * 1e3;
@@ -496,6 +545,11 @@ impl<'m, 't> Session<'m, 't> {
         mut drafter: Option<&mut (dyn Drafter + 'static)>,
         mut on_step: impl FnMut(&StepOut),
     ) -> Result<Outcome> {
+        if drafter.is_none() {
+            if let Some(dec) = self.pipelined()? {
+                return self.run_pipelined(dec, on_step);
+            }
+        }
         loop {
             let out = self.step(drafter.as_deref_mut())?;
             on_step(&out);
