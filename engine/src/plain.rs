@@ -16,9 +16,7 @@ pub struct PlainRounds {
     sampler: Sampler,
     pending: u32,
     emitted: usize,
-    max_tokens: usize,
-    stop_tokens: Vec<u32>,
-    /// The request's settings, for [`Self::unstarted`].
+    /// The request's settings: max tokens and stop tokens, and for [`Self::unstarted`].
     cfg: gemma4::generate::GenerateConfig,
     /// The next token drawn for the batch's one evaluation ([`Self::draw`]), not yet read.
     drawn: Option<Array>,
@@ -32,8 +30,6 @@ impl PlainRounds {
             sampler: Sampler::new(cfg.sampler.clone(), cfg.seed)?,
             pending,
             emitted: 0,
-            max_tokens: cfg.max_tokens,
-            stop_tokens: cfg.stop_tokens.clone(),
             cfg: cfg.clone(),
             drawn: None,
         })
@@ -45,19 +41,9 @@ impl PlainRounds {
         (self.emitted == 0 && self.drawn.is_none()).then(|| (self.cache.clone(), self.pending, self.cfg.clone()))
     }
 
-    /// The tokens that end the request unemitted.
-    pub fn stop_tokens(&self) -> &[u32] {
-        &self.stop_tokens
-    }
-
-    /// Tokens the request may produce.
-    pub fn max_tokens(&self) -> usize {
-        self.max_tokens
-    }
-
     /// Whether the request has produced `max_tokens` tokens.
     pub fn at_length(&self) -> bool {
-        self.emitted >= self.max_tokens
+        self.emitted >= self.cfg.max_tokens
     }
 
     /// The row this step scores: the pending token // `[1]`
@@ -89,9 +75,8 @@ impl PlainRounds {
             Some(t) => t,
             None => self.draw(target, logits)?,
         };
-        self.drawn = None;
         let token = drawn.item::<u32>()?;
-        if self.stop_tokens.contains(&token) {
+        if self.cfg.stop_tokens.contains(&token) {
             return Ok((None, Some(FinishReason::Stop)));
         }
         self.emitted += 1;

@@ -481,35 +481,31 @@ impl<'m, 't> Session<'m, 't> {
     /// n + 1's graph while step n runs, as `generate` does; a batched step cannot, its rows
     /// depend on every session's last read). The same rows, sampler and key chain, so the same
     /// tokens. `None` for a speculative session or one already stepped.
-    fn pipelined(&mut self) -> Result<Option<gemma4::generate::Decoder<'m>>> {
+    fn pipelined(&mut self) -> Result<Option<(gemma4::generate::Decoder<'m>, GenerateConfig)>> {
         let Decoding::Plain(p) = &self.decoding else { return Ok(None) };
         let Some((cache, last, cfg)) = p.unstarted() else { return Ok(None) };
         if cfg.max_tokens == 0 || !self.tokens.is_empty() || self.finish.is_some() {
             return Ok(None);
         }
         let dec = gemma4::generate::Decoder::from_prefilled(self.target, cache, last, self.prompt_tokens, &cfg)?;
-        Ok(Some(dec))
+        Ok(Some((dec, cfg)))
     }
 
     /// [`Self::run`] through the pipelined decoder: a step per token, as the batched path emits
     /// them (a stop token ends the request unemitted; the last of `max_tokens` ends it).
     fn run_pipelined(
         mut self,
-        mut dec: gemma4::generate::Decoder<'m>,
+        (mut dec, cfg): (gemma4::generate::Decoder<'m>, GenerateConfig),
         mut on_step: impl FnMut(&StepOut),
     ) -> Result<Outcome> {
-        let Decoding::Plain(p) = &self.decoding else {
-            return Err(Error::Settings { what: "decoding", detail: "a pipelined run needs a plain session".into() });
-        };
-        let (stop, max_tokens) = (p.stop_tokens().to_vec(), p.max_tokens());
         let mut produced = 0usize;
         loop {
             let (new, ended) = match dec.next_step()? {
                 None => (Vec::new(), Some(FinishReason::Length)),
-                Some(step) if stop.contains(&step.token) => (Vec::new(), Some(FinishReason::Stop)),
+                Some(step) if cfg.stop_tokens.contains(&step.token) => (Vec::new(), Some(FinishReason::Stop)),
                 Some(step) => {
                     produced += 1;
-                    (vec![step.token], (produced >= max_tokens).then_some(FinishReason::Length))
+                    (vec![step.token], (produced >= cfg.max_tokens).then_some(FinishReason::Length))
                 }
             };
             let out = self.emit(new, ended)?;
