@@ -158,6 +158,53 @@ pub fn lines(
     Ok(true)
 }
 
+/// Writes horizontal bar charts, one panel per group (side by side, each with its own scale):
+/// `bars` are (group, label, value), drawn in order with the label and value beside each bar.
+/// `Ok(false)` when no font was found (nothing written).
+pub fn bars(path: &Path, title: &str, bars: &[(String, String, f64)]) -> Result<bool> {
+    if !font_available() {
+        return Ok(false);
+    }
+    let mut groups: Vec<(&str, Vec<(&str, f64)>)> = Vec::new();
+    for (group, label, value) in bars {
+        match groups.iter_mut().find(|(g, _)| g == group) {
+            Some((_, items)) => items.push((label, *value)),
+            None => groups.push((group, vec![(label, *value)])),
+        }
+    }
+    let rows = groups.iter().map(|(_, items)| items.len()).max().unwrap_or(1);
+    let width = 520 * groups.len().max(1) as u32;
+    render(path, (width, 90 + 34 * rows as u32), |root| {
+        let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", path.display());
+        let root = root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?;
+        for ((group, items), area) in groups.iter().zip(root.split_evenly((1, groups.len().max(1)))) {
+            // Room right of the longest bar for its label.
+            let xmax = items.iter().map(|i| i.1).fold(1e-9, f64::max) * 1.9;
+            let mut chart = ChartBuilder::on(&area)
+                .caption(*group, ("sans-serif", 18))
+                .margin(10)
+                .x_label_area_size(30)
+                .build_cartesian_2d(0f64..xmax, 0f64..rows as f64)
+                .map_err(|e| err(&e))?;
+            chart.configure_mesh().disable_y_mesh().disable_y_axis().draw().map_err(|e| err(&e))?;
+            for (i, (label, value)) in items.iter().enumerate() {
+                // Top to bottom in the given order.
+                let y = (rows - 1 - i) as f64;
+                let color = Palette99::pick(i).to_rgba();
+                chart
+                    .draw_series([Rectangle::new([(0.0, y + 0.15), (*value, y + 0.85)], color.filled())])
+                    .map_err(|e| err(&e))?;
+                let text = format!("{label}: {value:.0}");
+                chart
+                    .draw_series([Text::new(text, (*value + xmax * 0.01, y + 0.7), ("sans-serif", 14))])
+                    .map_err(|e| err(&e))?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(true)
+}
+
 /// One panel of a reliability diagram: per block position, the (mean predicted survival,
 /// observed frequency) of each non-empty bin.
 pub struct ReliabilityPanel {

@@ -57,7 +57,7 @@ fn mid_config(quick: bool) -> Result<TextConfig> {
     Ok(TextConfig::from_json_str(&v.to_string())?)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
@@ -73,7 +73,7 @@ fn slow_plan(plan: &Plan) -> Plan {
 }
 
 /// Ours: median decode tok/s (8-token prompt) and prefill tok/s.
-fn ours_speed(model: &Model, plan: &Plan) -> Result<(f64, f64)> {
+pub(crate) fn ours_speed(model: &Model, plan: &Plan) -> Result<(f64, f64)> {
     let vocab = model.config().vocab_size;
     let cfg = GenerateConfig { max_tokens: plan.decode_tokens, prefill_step: 2048, ..Default::default() };
     let pcfg = GenerateConfig { max_tokens: 1, prefill_step: 2048, ..Default::default() };
@@ -87,7 +87,7 @@ fn ours_speed(model: &Model, plan: &Plan) -> Result<(f64, f64)> {
 }
 
 /// mlx-lm on the same checkpoint (`f32`: cast with `set_dtype`, on our BLAS through LD_PRELOAD).
-fn reference_speed(python: &Path, dir: &Path, f32: bool, plan: &Plan, vocab: usize) -> Result<(f64, f64)> {
+pub(crate) fn reference_speed(python: &Path, dir: &Path, f32: bool, plan: &Plan, vocab: usize) -> Result<(f64, f64)> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/bench.py");
     let gpu = Device::default_device()? == Device::Gpu;
     let job = json!({"model": dir, "f32": f32, "gpu": gpu, "reps": plan.reps, "decode_tokens": plan.decode_tokens,
@@ -687,7 +687,7 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
 
 /// How the default-pair benchmarks decode held-out prompt `i`: no stop token (every prompt
 /// runs its full length) and the prompt's index as the seed.
-fn held_out_config(max_tokens: usize, sampler: &SamplerConfig, i: usize) -> GenerateConfig {
+pub(crate) fn held_out_config(max_tokens: usize, sampler: &SamplerConfig, i: usize) -> GenerateConfig {
     GenerateConfig { max_tokens, sampler: sampler.clone(), seed: i as u64, prefill_step: 2048, stop_tokens: vec![] }
 }
 

@@ -6,6 +6,7 @@ mod chisq;
 mod distribution_batched;
 mod gates;
 mod parity;
+mod peers;
 mod repeats;
 mod serve_bench;
 mod serve_gate;
@@ -76,6 +77,13 @@ enum Cmd {
         /// Only break a speculative round on this pair down into its parts: MODEL,DRAFTER.
         #[arg(long, value_delimiter = ',')]
         round: Option<Vec<PathBuf>>,
+        /// Only against llama.cpp (and mlx-lm) on the CPU: llama-bench pp512/tg128 of GGUF
+        /// conversions (f32, q8_0, q4_0) of the default and the mid-size checkpoint beside
+        /// dspark (f32, 8-bit, 4-bit; plain and speculative) and llama-lookup; writes
+        /// peers.json and peers.png. Never in CI: builds llama.cpp once (~45 min) unless
+        /// LLAMA_CPP_DIR names a build. --passes sets the interleaved passes (at least 3).
+        #[arg(long)]
+        peers: bool,
         /// Where models run: cpu, or gpu (an MLX build with CUDA or Metal).
         #[arg(long, default_value = "cpu")]
         device: Device,
@@ -165,6 +173,13 @@ fn main() -> Result<()> {
             let r = steps::run(&dir, passes.max(3))?;
             std::fs::write(dir.join("steps.json"), serde_json::to_string_pretty(&r)?)?;
             println!("wrote {}", dir.join("steps.json").display());
+            Ok(())
+        }
+        Cmd::Bench { peers: true, dir, passes, .. } => {
+            let dir = dir.unwrap_or_else(|| target_dir().join("bench"));
+            let r = peers::run(&dir, &target_dir(), passes.max(3))?;
+            std::fs::write(dir.join("peers.json"), serde_json::to_string_pretty(&r)?)?;
+            println!("wrote {}", dir.join("peers.json").display());
             Ok(())
         }
         Cmd::Bench { costs: true, dir, .. } => {

@@ -20,7 +20,7 @@ struct Case {
     runs: Vec<StepProfile>,
 }
 
-fn quantized(mid: &Path, bits: u32) -> Result<PathBuf> {
+pub(crate) fn quantized(mid: &Path, bits: u32) -> Result<PathBuf> {
     let dir = mid.with_file_name(format!("mid-random-q{bits}"));
     if !dir.join("config.json").is_file() {
         eprintln!("bench: writing the {bits}-bit copy {}", dir.display());
