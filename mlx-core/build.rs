@@ -40,9 +40,11 @@ fn run() -> Result<(), String> {
     println!("cargo:rerun-if-changed=src/sys/row_layer.cc");
     println!("cargo:rerun-if-changed=src/sys/row_markov.cc");
     println!("cargo:rerun-if-changed=src/sys/row_quantized.cc");
+    println!("cargo:rerun-if-changed=src/sys/row_nibble_dot.cc");
     println!("cargo:rerun-if-changed=src/sys/row_compute.h");
     println!("cargo:rerun-if-changed=src/sys/row_kernel.h");
     println!("cargo:rerun-if-changed=src/sys/row_split.h");
+    println!("cargo:rerun-if-changed=src/sys/row_packed.h");
     println!("cargo:rerun-if-changed=src/sys/mod.rs");
     let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     let out_dir = PathBuf::from(env::var("OUT_DIR").map_err(|e| e.to_string())?);
@@ -74,6 +76,7 @@ fn run() -> Result<(), String> {
         .file("src/sys/row_layer.cc")
         .file("src/sys/row_markov.cc")
         .file("src/sys/row_quantized.cc")
+        .file("src/sys/row_nibble_dot.cc")
         // The row-invariant kernels are hot code: optimise it even in dev builds.
         .opt_level(3)
         .include(&include)

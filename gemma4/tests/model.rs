@@ -124,22 +124,31 @@ fn stepwise_rows_are_one_by_one_decoding_in_f32() {
     // Dequantized f32 computes what the 4-bit kernels compute with f32 activations and scales.
     let ids = ids_array(&prompt(9)).unwrap();
     let cfg = gemma4::TextConfig::from_dir(&q).unwrap();
+    let hidden = cfg.hidden_size;
     let mut wm = gemma4::weights::WeightMap::load(&q, &cfg).unwrap();
     wm.set_conversion(gemma4::compute::Conversion { cast: Some(Dtype::F32), dequantize: false });
     let q32 = Model::from_weights(cfg, &mut wm).unwrap();
     let lq = q32.logits(&ids, None).unwrap().to_f32_vec().unwrap();
     let ld = dq.logits(&ids, None).unwrap().to_f32_vec().unwrap();
     let max = lq.iter().zip(&ld).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    assert!(max < 1e-3, "dequantized f32 logits differ from the 4-bit kernels' (f32 scales) by {max}");
+    // Unless the 4-bit products take the integer path (8-bit activations, mlx-core's
+    // `int8_activations`): then the rounding of activations may cost at most a quarter of what
+    // the 4-bit weights already cost against the f32 model (measured: 0.23 against 2.27).
+    let l32 = a.logits(&ids, None).unwrap().to_f32_vec().unwrap();
+    let weights_cost = l32.iter().zip(&ld).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let int8 = mlx_core::quant::int8_activations(hidden, 4) && mlx_core::blas::row_linear_enabled();
+    let tol = if int8 { 0.25 * weights_cost } else { 1e-3 };
+    assert!(max < tol, "dequantized f32 logits differ from the 4-bit kernels' (f32 scales) by {max} (tolerance {tol})");
     // `auto` keeps the 4-bit matrices packed for the packed row kernel: stepwise rows are still
-    // decode steps, and the logits are the dequantized model's up to rounding.
+    // decode steps, and the logits are the dequantized model's up to rounding (of activations too,
+    // on the integer path).
     let (packed, resolved) = Model::load_as(&q, ComputeDtype::Auto, cpu).unwrap();
     assert_eq!(resolved.packed, mlx_core::blas::row_linear_enabled());
     assert!(resolved.describe().contains("packed") == resolved.packed, "{}", resolved.describe());
     check_stepwise_rounds(&packed, 13, &rounds);
     let lp = packed.logits(&ids, None).unwrap().to_f32_vec().unwrap();
     let max = lp.iter().zip(&ld).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-    assert!(max < 1e-3, "packed 4-bit logits differ from the dequantized model's by {max}");
+    assert!(max < tol, "packed 4-bit logits differ from the dequantized model's by {max} (tolerance {tol})");
 }
 
 #[test]

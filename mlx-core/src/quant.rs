@@ -121,6 +121,12 @@ impl Quantized {
 /// bias)` in f32) and multiplied with [`crate::blas::row_linear`]'s arithmetic, so each row's
 /// bits are those of `row_linear` on the matrix dequantized with the same fma, independent of
 /// the number of rows and of the row's place. Streams the packed bytes once per call.
+///
+/// 4-bit matrices whose K is a multiple of 128 take an integer path instead (see
+/// [`int8_activations`]): each row of `x` is quantized to 8 bits in blocks of 32 inputs and
+/// multiplied by the nibbles with exact integer dot products, then scaled in f32 per lane in a
+/// fixed order; rows stay independent of the batch, and outputs differ from the f32 product by
+/// the activations' rounding (as llama.cpp's q4 kernels do).
 #[track_caller]
 pub fn row_quantized_linear(x: &Array, q: &Quantized) -> Result<Array> {
     Array::wrap(
@@ -134,6 +140,13 @@ pub fn row_quantized_linear(x: &Array, q: &Quantized) -> Result<Array> {
             q.spec.bits() as i32,
         ),
     )
+}
+
+/// Whether [`row_quantized_linear`] on a `k`-column matrix of `bits` takes its integer path
+/// (8-bit activations): 4 bits, `k` a multiple of 128, and `MLX_CORE_Q4_F32` unset in the
+/// process (set, 4-bit products stay on the f32 kernel).
+pub fn int8_activations(k: usize, bits: u32) -> bool {
+    ffi::row_quantized_int8_activations(k as i32, bits as i32)
 }
 
 /// Whether [`row_quantized_linear`]'s vector forms (AVX-512, AVX2, where they run) give its

@@ -243,9 +243,12 @@ fn quantize_round_trip_and_matmul() -> R {
         let x = arr(&(0..n).map(|i| (i as f32 * 0.01).cos()).collect::<Vec<_>>(), &[1, n as i32]);
         let y = f32s(&q.matmul_t(&x)?);
         let xv = f32s(&x);
+        // One row goes through the packed row kernel: for 4 bits with 256 columns, its integer
+        // path, whose 8-bit activations round each input by up to 1/254 of its block's largest.
+        let tol = if quant::int8_activations(n, bits) && mlx_core::blas::row_linear_enabled() { 0.1 } else { 1e-3 };
         for r in 0..2 {
             let want: f32 = (0..n).map(|c| xv[c] * deq[r * n + c]).sum();
-            assert!((y[r] - want).abs() < 1e-3, "qmm row {r}: {} vs {want}", y[r]);
+            assert!((y[r] - want).abs() < tol, "qmm row {r}: {} vs {want}", y[r]);
         }
         let rows = q.gather_rows(&Array::from_slice(&[1u32], &[1])?)?;
         assert_eq!(f32s(&rows), deq[n..].to_vec());

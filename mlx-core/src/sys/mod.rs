@@ -261,6 +261,7 @@ pub(crate) mod ffi {
             bits: i32,
         ) -> Result<UniquePtr<Array>>;
         fn row_quantized_paths_agree(m: i32, k: i32, n: i32, bits: i32, group: i32) -> bool;
+        fn row_quantized_int8_activations(k: i32, bits: i32) -> bool;
         // ---- row-invariant single-query attention (row_attention.cc) ----
         fn row_attention(inputs: &ArrayList, segments: &[i32], scale: f32) -> Result<UniquePtr<Array>>;
         // ---- a dense layer's few-row chains in two nodes (row_layer.cc) ----

@@ -37,7 +37,8 @@ void check_packing(int bits, int group, const std::string& kernel);
 // `kernel`, unless the matrix is 2-D and a packed one's scales and biases are [N, K / group].
 int row_matrix_cols(const RowMatrix& m, const std::string& kernel);
 // y [M, N] = x [M, K] · Wᵀ for either form (row_quantized.cc): the packed form's rows are
-// row_linear's on the matrix dequantized with fma(q, scale, bias).
+// row_linear's on the matrix dequantized with fma(q, scale, bias), except 4-bit matrices with K
+// a multiple of 128, which take the integer path (row_nibble_dot.cc); rows are their own either way.
 void row_matrix_apply(const float* x, const RowMatrix& m, float* y, int M, int K, int N);
 
 // y = gelu_approx(x) elementwise over n values (row_gelu.cc); y may alias x.

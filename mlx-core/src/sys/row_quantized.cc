@@ -7,9 +7,9 @@
 // is one dot product with eight lanes (lane l takes k ≡ l mod 8, FMA in k order) reduced in
 // row_linear's fixed tree, whatever the number of rows and wherever a row sits. A row's bits are
 // therefore those of row_linear on the matrix dequantized with the same fma, and a decode step
-// and the same token inside a verify window agree bit for bit. Packing (MLX affine): groups of
-// `group` consecutive inputs share a scale and a bias; 8-bit weights are one byte each in input
-// order, 4-bit ones two per byte, the earlier input in the low nibble.
+// and the same token inside a verify window agree bit for bit (packing: row_packed.h). 4-bit
+// matrices whose K is a multiple of 128 take the integer path instead (row_nibble_dot.cc), with
+// the same guarantee and 8-bit activations, unless MLX_CORE_Q4_F32 is set.
 #include "mlx-core/src/sys/shim.h"
 
 #include <algorithm>
@@ -24,25 +24,13 @@
 #include "mlx/primitives.h"
 #include "mlx-core/src/sys/row_compute.h"
 #include "mlx-core/src/sys/row_kernel.h"
+#include "mlx-core/src/sys/row_packed.h"
 #include "mlx-core/src/sys/row_split.h"
 
 namespace mx = mlx::core;
 
 namespace mlxr {
 namespace {
-
-// One packed matrix: `words` of N rows of K·bits/8 bytes, scales and biases [N, K / group].
-struct Packed {
-  const uint8_t* bytes;
-  const float* scales;
-  const float* biases;
-  int K;
-  int group;
-  int bits;
-  size_t row_bytes() const { return static_cast<size_t>(K) * bits / 8; }
-  const uint8_t* row(int n) const { return bytes + static_cast<size_t>(n) * row_bytes(); }
-  int groups() const { return K / group; }
-};
 
 // Quantized value j (0..7) of the eight at input k (a multiple of 8) of a packed row.
 inline int qval(const uint8_t* r, int bits, int k, int j) {
@@ -249,6 +237,7 @@ void run_block(Isa isa, const float* x, const Packed& p, float* y, int M, int N,
 
 // y [M, N]: split over two cores by weight rows when large enough, as row_linear does.
 void row_quantized_kernel(const float* x, const Packed& p, float* y, int M, int N) {
+  if (nibble_dot_applies(p)) return nibble_dot_kernel(x, p, y, M, N);
   const Isa isa = best_isa();
   auto block = [&](int n0, int n1) { run_block(isa, x, p, y, M, N, n0, n1); };
   split_columns(N, static_cast<size_t>(N) * p.K * std::max(M, 1), block);
@@ -331,8 +320,13 @@ void row_matrix_apply(const float* x, const RowMatrix& m, float* y, int M, int K
   row_quantized_kernel(x, p, y, M, N);
 }
 
+bool row_quantized_int8_activations(int32_t K, int32_t bits) {
+  return nibble_dot_applies(Packed{nullptr, nullptr, nullptr, K, 32, bits});
+}
+
 bool row_quantized_paths_agree(int32_t M, int32_t K, int32_t N, int32_t bits, int32_t group) {
   if ((bits != 4 && bits != 8) || K % group != 0) return false;
+  if (bits == 4 && K % 128 == 0 && !nibble_dot_paths_agree(M, K, N, group)) return false;
   uint32_t seed = 2024u + static_cast<uint32_t>(bits);
   auto next = [&seed] {
     seed = seed * 1664525u + 1013904223u;

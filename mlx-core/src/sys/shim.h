@@ -119,6 +119,8 @@ ArrayPtr row_quantized_linear(const Array& x, const Array& w, const Array& scale
                               int32_t bits);
 // Whether the vector forms of row_quantized_linear give the portable form's bits on random input.
 bool row_quantized_paths_agree(int32_t M, int32_t K, int32_t N, int32_t bits, int32_t group);
+// Whether a K-column matrix of `bits` takes the 4-bit integer path (row_nibble_dot.cc).
+bool row_quantized_int8_activations(int32_t K, int32_t bits);
 // Single-query attention of each row of q [B, Hq, n, D] over its own keys and values, given as
 // segments[i] pairs k, v [B, Hkv, L, D] taken in order (inputs: q, then row 0's pairs, row 1's,
 // …), with every row's bits independent of n and of how its keys are cut (row_attention.cc).
