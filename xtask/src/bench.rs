@@ -611,19 +611,7 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
                 spec.push(s.stats.prefill_ms + s.stats.decode_ms);
                 spec_tokens = s.tokens;
                 stats = s.stats;
-                // What `dspark generate` and a server with one request run: an engine session
-                // under the `auto` schedule without a profile (full blocks while drafting pays,
-                // plain steps where it has not), unseeded so sampled requests adapt too.
-                let req = engine::Request {
-                    prompt: prompt.clone(),
-                    generate: cfg.clone(),
-                    stop: vec![],
-                    gamma: None,
-                    pruning: spec_decode::Pruning::Off,
-                    kept_tokens: vec![],
-                    seeded: false,
-                    adaptive: true,
-                };
+                let req = auto_request(prompt, &cfg);
                 let t = Instant::now();
                 let session = engine::Session::start(&model, Some(drafter.as_mut()), &req, None, None)?;
                 let out = session.run(Some(drafter.as_mut()), |_| {})?;
@@ -683,6 +671,22 @@ pub fn default_pair(n: usize, max_tokens: usize, reps: usize) -> Result<Value> {
                          "drafted_by_position": totals.drafted_by_pos}));
     }
     Ok(json!({"prompts": n, "max_tokens": max_tokens, "gamma": gamma, "compute": resolved.describe(), "rows": rows}))
+}
+
+/// What `dspark generate` and a server with one request run: an engine session under the
+/// `auto` schedule without a profile (full blocks while drafting pays, plain steps where it has
+/// not), unseeded so sampled requests adapt too.
+pub(crate) fn auto_request(prompt: &[u32], cfg: &GenerateConfig) -> engine::Request {
+    engine::Request {
+        prompt: prompt.to_vec(),
+        generate: cfg.clone(),
+        stop: vec![],
+        gamma: None,
+        pruning: spec_decode::Pruning::Off,
+        kept_tokens: vec![],
+        seeded: false,
+        adaptive: true,
+    }
 }
 
 /// How the default-pair benchmarks decode held-out prompt `i`: no stop token (every prompt

@@ -236,16 +236,7 @@ fn default_speculative(
         let s = spec_decode::speculative_generate(model, &mut *drafter, prompt, &sc, |_| {})?;
         full += s.stats.decode_ms;
         tau.absorb(&s.stats);
-        let req = engine::Request {
-            prompt: prompt.clone(),
-            generate: cfg,
-            stop: vec![],
-            gamma: None,
-            pruning: spec_decode::Pruning::Off,
-            kept_tokens: vec![],
-            seeded: false,
-            adaptive: true,
-        };
+        let req = crate::bench::auto_request(prompt, &cfg);
         let session = engine::Session::start(model, Some(&mut *drafter), &req, None, None)?;
         let t = Instant::now();
         let out = session.run(Some(&mut *drafter), |_| {})?;

@@ -291,20 +291,9 @@ void nibble_dot_kernel(const float* x, const Packed& p, float* y, int M, int N) 
 
 bool nibble_dot_paths_agree(int M, int K, int N, int group) {
   if (K % kChunk != 0 || K % group != 0) return false;
-  uint32_t seed = 4242u + static_cast<uint32_t>(group);
-  auto next = [&seed] {
-    seed = seed * 1664525u + 1013904223u;
-    return seed;
-  };
-  auto unit = [&] { return static_cast<float>(static_cast<int32_t>(next() >> 8) - (1 << 23)) / static_cast<float>(1 << 23); };
-  std::vector<uint8_t> bytes(static_cast<size_t>(N) * K / 2);
-  for (auto& v : bytes) v = static_cast<uint8_t>(next() >> 24);
-  std::vector<float> sc(static_cast<size_t>(N) * (K / group)), bi(sc.size()), x(static_cast<size_t>(M) * K);
-  for (auto& v : sc) v = 0.01f + 0.02f * std::fabs(unit());
-  for (auto& v : bi) v = 0.1f * unit();
-  for (auto& v : x) v = unit();
-  const Packed p{bytes.data(), sc.data(), bi.data(), K, group, 4};
-  const QuantizedRows xq = quantize_rows(x.data(), M, K);
+  const RandomPacked r(M, K, N, 4, group, 4242u + static_cast<uint32_t>(group));
+  const Packed& p = r.p;
+  const QuantizedRows xq = quantize_rows(r.x.data(), M, K);
   std::vector<float> want(static_cast<size_t>(M) * N), got(want.size());
   run_block(Isa::Generic, xq, p, want.data(), M, N, 0, N);
 #ifdef MLXR_X86

@@ -2,8 +2,10 @@
 // 4-bit integer path in row_nibble_dot.cc).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace mlxr {
 
@@ -20,6 +22,35 @@ struct Packed {
   size_t row_bytes() const { return static_cast<size_t>(K) * bits / 8; }
   const uint8_t* row(int n) const { return bytes + static_cast<size_t>(n) * row_bytes(); }
   int groups() const { return K / group; }
+};
+
+// A random packed [N, K] matrix and [M, K] inputs from `seed`, for the checks that a kernel's
+// vector forms give its portable form's bits.
+struct RandomPacked {
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales, biases, x;
+  Packed p;
+  RandomPacked(int M, int K, int N, int bits, int group, uint32_t seed)
+      : bytes(static_cast<size_t>(N) * K * bits / 8),
+        scales(static_cast<size_t>(N) * (K / group)),
+        biases(scales.size()),
+        x(static_cast<size_t>(M) * K),
+        p{nullptr, nullptr, nullptr, K, group, bits} {
+    auto next = [&seed] {
+      seed = seed * 1664525u + 1013904223u;
+      return seed;
+    };
+    auto unit = [&] {
+      return static_cast<float>(static_cast<int32_t>(next() >> 8) - (1 << 23)) / static_cast<float>(1 << 23);
+    };
+    for (auto& b : bytes) b = static_cast<uint8_t>(next() >> 24);
+    for (auto& v : scales) v = 0.01f + 0.02f * std::fabs(unit());
+    for (auto& v : biases) v = 0.1f * unit();
+    for (auto& v : x) v = unit();
+    p = Packed{bytes.data(), scales.data(), biases.data(), K, group, bits};
+  }
+  RandomPacked(const RandomPacked&) = delete;  // p points into this object's vectors
+  RandomPacked& operator=(const RandomPacked&) = delete;
 };
 
 // Whether x · Wᵀ for this 4-bit matrix takes the integer path (row_nibble_dot.cc): K a multiple

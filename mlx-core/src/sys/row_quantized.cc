@@ -327,21 +327,10 @@ bool row_quantized_int8_activations(int32_t K, int32_t bits) {
 bool row_quantized_paths_agree(int32_t M, int32_t K, int32_t N, int32_t bits, int32_t group) {
   if ((bits != 4 && bits != 8) || K % group != 0) return false;
   if (bits == 4 && K % 128 == 0 && !nibble_dot_paths_agree(M, K, N, group)) return false;
-  uint32_t seed = 2024u + static_cast<uint32_t>(bits);
-  auto next = [&seed] {
-    seed = seed * 1664525u + 1013904223u;
-    return seed;
-  };
-  auto unit = [&] { return static_cast<float>(static_cast<int32_t>(next() >> 8) - (1 << 23)) / static_cast<float>(1 << 23); };
-  std::vector<uint8_t> bytes(static_cast<size_t>(N) * K * bits / 8);
-  for (auto& b : bytes) b = static_cast<uint8_t>(next() >> 24);
-  std::vector<float> sc(static_cast<size_t>(N) * (K / group)), bi(sc.size()), x(static_cast<size_t>(M) * K);
-  for (auto& v : sc) v = 0.01f + 0.02f * std::fabs(unit());
-  for (auto& v : bi) v = 0.1f * unit();
-  for (auto& v : x) v = unit();
-  const Packed p{bytes.data(), sc.data(), bi.data(), K, group, bits};
+  const RandomPacked r(M, K, N, bits, group, 2024u + static_cast<uint32_t>(bits));
+  const Packed& p = r.p;
   std::vector<float> want(static_cast<size_t>(M) * N), got(want.size());
-  run_block(Isa::Generic, x.data(), p, want.data(), M, N, 0, N);
+  run_block(Isa::Generic, r.x.data(), p, want.data(), M, N, 0, N);
   for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
 #ifdef MLXR_X86
     if (isa == Isa::Avx512 && !has_avx512()) continue;
@@ -350,7 +339,7 @@ bool row_quantized_paths_agree(int32_t M, int32_t K, int32_t N, int32_t bits, in
     continue;
 #endif
     std::fill(got.begin(), got.end(), 0.0f);
-    run_block(isa, x.data(), p, got.data(), M, N, 0, N);
+    run_block(isa, r.x.data(), p, got.data(), M, N, 0, N);
     if (std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) != 0) return false;
   }
   return true;
