@@ -348,9 +348,10 @@ pub fn run(root: &Path, target: &Path, passes: usize) -> Result<Value> {
         }
     }
 
-    let llama_f32 = |checkpoint: &str| {
+    // llama.cpp's median decode rate at 2 threads for one checkpoint's weights.
+    let llama_decode = |checkpoint: &str, weights: &str| {
         rows.iter()
-            .find(|r| r.checkpoint == checkpoint && r.runtime == "llama.cpp" && r.weights == "f32" && r.threads == 2)
+            .find(|r| r.checkpoint == checkpoint && r.runtime == "llama.cpp" && r.weights == weights && r.threads == 2)
             .map_or(f64::NAN, |r| median(r.decode.clone()))
     };
     println!("\ndecode (tg128) and prefill (pp512) tok/s, median of {passes} interleaved passes:");
@@ -361,7 +362,7 @@ pub fn run(root: &Path, target: &Path, passes: usize) -> Result<Value> {
     let mut table = Vec::new();
     for r in &rows {
         let (d, p) = (median(r.decode.clone()), median(r.prefill.clone()));
-        let ratio = d / llama_f32(r.checkpoint);
+        let ratio = d / llama_decode(r.checkpoint, "f32");
         println!(
             "| {} | {} | {} | {} | {d:.1} | {p:.0} | {ratio:.2}× |",
             r.checkpoint, r.runtime, r.weights, r.threads
@@ -377,11 +378,7 @@ pub fn run(root: &Path, target: &Path, passes: usize) -> Result<Value> {
     let (plain, auto, full, tau) = (pick(|h| h.0), pick(|h| h.1), pick(|h| h.2), pick(|h| h.3));
     let lookup_speed = median(lookups.iter().map(|l| median(l.iter().map(|x| x.0).collect())).collect());
     let (drafted, accepted) = lookups.iter().flatten().fold((0u64, 0u64), |(d, a), &(_, dr, ac)| (d + dr, a + ac));
-    let llama_q8 = rows
-        .iter()
-        .find(|r| r.checkpoint == "default 6.8M" && r.runtime == "llama.cpp" && r.weights == "q8_0" && r.threads == 2)
-        .map_or(f64::NAN, |r| median(r.decode.clone()));
-    let f32_ref = llama_f32("default 6.8M");
+    let (f32_ref, llama_q8) = (llama_decode("default 6.8M", "f32"), llama_decode("default 6.8M", "q8_0"));
     println!(
         "\nthe default pair on {} held-out prompts × 128 greedy tokens (decode tok/s, prefill excluded; median of {passes} passes):",
         ids.len()
@@ -404,13 +401,10 @@ pub fn run(root: &Path, target: &Path, passes: usize) -> Result<Value> {
         println!("| {name} | {v:.1} | {:.2}× | {:.2}× | {:.2}× |", v / base, v / f32_ref, v / llama_q8);
     }
     let png = root.join("peers.png");
-    let bars: Vec<(String, String, f64)> = table
+    let bars: Vec<(String, String, f64)> = rows
         .iter()
-        .filter(|r| r["threads"] == 2)
-        .map(|r| {
-            let label = format!("{} {}", r["runtime"].as_str().unwrap_or(""), r["weights"].as_str().unwrap_or(""));
-            (r["checkpoint"].as_str().unwrap_or("").to_string(), label, r["decode_tok_per_s"].as_f64().unwrap_or(0.0))
-        })
+        .filter(|r| r.threads == 2)
+        .map(|r| (r.checkpoint.to_string(), format!("{} {}", r.runtime, r.weights), median(r.decode.clone())))
         .collect();
     if dspark::plot::bars(&png, "decode tok/s on this machine's CPU (2 threads)", &bars)? {
         println!("wrote {}", png.display());
