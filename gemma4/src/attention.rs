@@ -43,6 +43,24 @@ enum Fetched {
     Batched(Array, Array),
     /// One K/V per query row, as views of the cache in pieces // `[B, Hkv, S_i, D]` in all
     Stepwise(Vec<crate::cache::KvPieces>),
+    /// Each session's cache buffers (`[1, Hkv, L_s, D]` each), its number of query rows, and
+    /// each row's key ranges in its session's buffers (a fused stepwise write; no views made).
+    Ranges { buffers: Vec<(Array, Array)>, rows: Vec<usize>, reads: Vec<Vec<std::ops::Range<usize>>> },
+}
+
+impl Fetched {
+    /// Each query row's K/V as views of its session's buffers (the composed forms' input).
+    fn pieces(&self) -> Result<Vec<crate::cache::KvPieces>> {
+        let Fetched::Ranges { buffers, rows, reads } = self else {
+            return Err(crate::Error::Input { op: "attention", detail: "K/V are not held as ranges".into() });
+        };
+        let sessions = rows.iter().zip(buffers).flat_map(|(&n, kv)| std::iter::repeat_n(kv, n));
+        let view = |a: &Array, r: &std::ops::Range<usize>| a.slice_axis(2, r.start as i32, r.end as i32);
+        Ok(sessions
+            .zip(reads)
+            .map(|((k, v), ranges)| ranges.iter().map(|r| Ok((view(k, r)?, view(v, r)?))).collect())
+            .collect::<mlx_core::Result<_>>()?)
+    }
 }
 
 /// K/V (and RoPE offsets, one per segment) a donor publishes to its sharers.
@@ -255,6 +273,7 @@ impl Attention {
                 (rope_segments(&self.rope, &q, &lens, &q_offsets)?, own)
             }
         };
+        let mut attended = None; // the fused stepwise node's output
         let (kv, offsets) = match (own, shared) {
             (_, Some(s)) => (s.kv.clone(), s.offsets.clone()),
             (Some((k, v, offsets)), None) => {
@@ -278,15 +297,38 @@ impl Attention {
                                 ),
                             });
                         }
-                        let mut rows = Vec::with_capacity(l as usize);
-                        let mut start = 0;
-                        for (c, &n) in caches.iter_mut().zip(&lens) {
-                            let ks = k.slice_axis(2, start, start + n)?;
-                            let vs = v.slice_axis(2, start, start + n)?;
-                            rows.extend(c.update_and_fetch_stepwise_pieces(&ks, &vs)?);
-                            start += n;
+                        // Every session's cache written and attended in one node (no per-session
+                        // nodes), where each cache has buffers to write into.
+                        if b == 1 && row_kernel(&q)? && caches.iter().all(|c| c.is_written()) {
+                            let (mut writes, mut reads) = (Vec::new(), Vec::new());
+                            for (c, &n) in caches.iter_mut().zip(&lens) {
+                                let Some(w) = c.begin_stepwise(&k, &v, n as usize)? else {
+                                    return Err(crate::Error::Input {
+                                        op: "attention",
+                                        detail: "cache is empty".into(),
+                                    });
+                                };
+                                writes.push(w.write);
+                                reads.extend(w.reads);
+                            }
+                            let (o, buffers) = mlx_core::row_cache::attend_and_write(&q, &k, &v, writes, &reads, 1.0)?;
+                            for (c, (kb, vb)) in caches.iter_mut().zip(&buffers) {
+                                c.finish_stepwise(kb.clone(), vb.clone());
+                            }
+                            attended = Some(o);
+                            let rows = lens.iter().map(|&n| n as usize).collect();
+                            Fetched::Ranges { buffers, rows, reads }
+                        } else {
+                            let mut rows = Vec::with_capacity(l as usize);
+                            let mut start = 0;
+                            for (c, &n) in caches.iter_mut().zip(&lens) {
+                                let ks = k.slice_axis(2, start, start + n)?;
+                                let vs = v.slice_axis(2, start, start + n)?;
+                                rows.extend(c.update_and_fetch_stepwise_pieces(&ks, &vs)?);
+                                start += n;
+                            }
+                            Fetched::Stepwise(rows)
                         }
-                        Fetched::Stepwise(rows)
                     }
                 };
                 (kv, offsets)
@@ -298,19 +340,27 @@ impl Attention {
                 })
             }
         };
-        let o = match (&kv, attend) {
+        let o = match (attended, &kv, attend) {
+            (Some(o), _, _) => o,
+            (None, Fetched::Ranges { buffers, rows, reads }, Attend::Stepwise(_)) if b == 1 && row_kernel(&q)? => {
+                // A KV-shared layer over its donor's fused write: its ranges, in one node.
+                mlx_core::row_cache::attend_ranges(&q, buffers, rows, reads, 1.0)?
+            }
+            (None, Fetched::Ranges { .. }, Attend::Stepwise(_)) => {
+                mlx_core::blas::row_attention_pieces(&q, &kv.pieces()?, 1.0)?
+            }
             // A one-token step goes through the row kernel when stepwise rows do, so the two agree.
-            (Fetched::Batched(k, v), Attend::Batched(AttnMask::None)) if lq == 1 && row_kernel(&q)? => {
+            (None, Fetched::Batched(k, v), Attend::Batched(AttnMask::None)) if lq == 1 && row_kernel(&q)? => {
                 mlx_core::blas::row_attention(&q, &[(k.clone(), v.clone())], 1.0)?
             }
-            (Fetched::Batched(k, v), Attend::Batched(mask)) => {
+            (None, Fetched::Batched(k, v), Attend::Batched(mask)) => {
                 fast::scaled_dot_product_attention(&q, k, v, 1.0, mask.as_fast())?
             }
-            (Fetched::Stepwise(rows), Attend::Stepwise(_)) if row_kernel(&q)? => {
+            (None, Fetched::Stepwise(rows), Attend::Stepwise(_)) if row_kernel(&q)? => {
                 // Every row over its own keys in one node (mlx-core's row-invariant kernel).
                 mlx_core::blas::row_attention_pieces(&q, rows, 1.0)?
             }
-            (Fetched::Stepwise(rows), Attend::Stepwise(_)) => {
+            (None, Fetched::Stepwise(rows), Attend::Stepwise(_)) => {
                 // One unmasked single-query call per row, as a decode step makes it.
                 let outs = rows
                     .iter()

@@ -645,3 +645,106 @@ fn malformed_writes_are_refused_and_change_nothing() {
         assert_eq!(before, after, "a refused write changed the rows");
     }
 }
+
+/// Row `i`'s keys and values read from `(k, v)` over `ranges`, in order.
+fn read_ranges(k: &Array, v: &Array, ranges: &[std::ops::Range<usize>]) -> Result<Vec<Tok>, TestCaseError> {
+    let mut out = Vec::new();
+    for r in ranges {
+        let (ks, vs) = (
+            k.slice_axis(2, r.start as i32, r.end as i32).unwrap(),
+            v.slice_axis(2, r.start as i32, r.end as i32).unwrap(),
+        );
+        out.extend(decode(&ks, &vs)?);
+    }
+    Ok(out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A planned stepwise write ([`LayerCache::begin_stepwise`], carried out for two sessions at
+    /// once by `mlx_core::row_cache::attend_and_write`) leaves each cache exactly as the composed
+    /// write does (`update_and_fetch_stepwise_pieces`: same offset, same retained rows, same
+    /// trims allowed after it), reads every row's keys in the same order, and attends with the
+    /// same bits, whether the buffers are rewritten in place or copied (a held clone forces the
+    /// copy).
+    #[test]
+    fn planned_stepwise_writes_match_the_composed_ones(
+        w in 2usize..=10,
+        full in prop::collection::vec(any::<bool>(), 2),
+        prefill in prop::collection::vec(1usize..=12, 1..=3),
+        rounds in prop::collection::vec(
+            ((1usize..=6).prop_flat_map(|s| (Just(s), 0..s)), (1usize..=6).prop_flat_map(|s| (Just(s), 0..s)), any::<bool>()),
+            1..=10,
+        ),
+    ) {
+        let fresh = |f: bool| if f { LayerCache::Full(KvCache::new()) } else { LayerCache::Rotating(RotatingKvCache::new(w)) };
+        // Session s: a composed cache and a planned one.
+        let mut composed = [fresh(full[0]), fresh(full[1])];
+        let mut planned = [fresh(full[0]), fresh(full[1])];
+        let mut stamps = Stamps(0);
+        let mut lens = [0usize; 2];
+        for s in 0..2 {
+            for &n in &prefill {
+                let (k, v) = rows(&stamps.toks(lens[s], n));
+                composed[s].update_and_fetch(&k, &v).unwrap();
+                planned[s].update_and_fetch(&k, &v).unwrap();
+                lens[s] += n;
+            }
+        }
+        for (round, &((s0, r0), (s1, r1), hold)) in rounds.iter().enumerate() {
+            let sizes = [s0, s1];
+            let toks: Vec<Vec<Tok>> = (0..2).map(|s| stamps.toks(lens[s], sizes[s])).collect();
+            let all: Vec<Tok> = toks.concat();
+            let (k, v) = rows(&all);
+            let r = all.len() as i32;
+            // Two query heads over the one key head; small values keep the softmax finite.
+            let qd: Vec<f32> = (0..2 * r * 2).map(|i| ((i * 7 + round as i32) % 11) as f32 * 0.01 - 0.05).collect();
+            let q = Array::from_slice(&qd, &[1, 2, r, 2]).unwrap();
+            let mut writes = Vec::new();
+            let mut reads = Vec::new();
+            let mut held = Vec::new();
+            for s in 0..2 {
+                let plan = planned[s].begin_stepwise(&k, &v, sizes[s]).unwrap();
+                let plan = plan.ok_or_else(|| TestCaseError::fail("a written cache planned nothing"))?;
+                if hold {
+                    held.push(plan.write.keys.clone());
+                }
+                writes.push(plan.write);
+                reads.extend(plan.reads);
+            }
+            let (o, buffers) = mlx_core::row_cache::attend_and_write(&q, &k, &v, writes, &reads, 1.0).unwrap();
+            for (s, (kb, vb)) in buffers.iter().enumerate() {
+                planned[s].finish_stepwise(kb.clone(), vb.clone());
+            }
+            // The composed write of each session's rows, and attention over its pieces.
+            let mut pieces = Vec::new();
+            let mut start = 0;
+            for s in 0..2 {
+                let (ks, vs) = rows(&toks[s]);
+                pieces.extend(composed[s].update_and_fetch_stepwise_pieces(&ks, &vs).unwrap());
+                for (i, p) in pieces[start..].iter().enumerate() {
+                    let (pk, pv) = gemma4::cache::join_pieces(p.clone()).unwrap();
+                    let got = read_ranges(&buffers[s].0, &buffers[s].1, &reads[start + i])?;
+                    prop_assert_eq!(got, decode(&pk, &pv)?, "session {} row {} of round {}", s, i, round);
+                }
+                start += sizes[s];
+            }
+            let want = mlx_core::blas::row_attention_pieces(&q, &pieces, 1.0).unwrap();
+            prop_assert_eq!(o.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap(), "attention, round {}", round);
+            drop(held);
+            let rejected = [r0, r1];
+            for s in 0..2 {
+                prop_assert_eq!(planned[s].offset(), composed[s].offset());
+                let (a, b) = (planned[s].retained().unwrap().unwrap(), composed[s].retained().unwrap().unwrap());
+                prop_assert_eq!(decode(&a.0, &a.1)?, decode(&b.0, &b.1)?, "retained rows of session {}", s);
+                // One more than the rollback may be refused by both or by neither.
+                let over = rejected[s] + 1;
+                prop_assert_eq!(planned[s].check_trim(over).is_ok(), composed[s].check_trim(over).is_ok());
+                planned[s].trim(rejected[s]).unwrap();
+                composed[s].trim(rejected[s]).unwrap();
+                lens[s] += sizes[s] - rejected[s];
+            }
+        }
+    }
+}

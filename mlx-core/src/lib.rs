@@ -25,6 +25,7 @@ mod io;
 mod ops;
 pub mod quant;
 pub mod random;
+pub mod row_cache;
 pub mod row_confidence;
 pub mod row_layer;
 pub mod row_markov;

@@ -1,8 +1,9 @@
 //! mlx-lm's `KVCache`: a buffer grown in steps of 256 rows; reads return `[:offset]` views.
 
+use mlx_core::row_cache::{CacheWrite, RowCopy, RowSource};
 use mlx_core::{concatenate, Array};
 
-use super::{CacheError, KvPieces};
+use super::{CacheError, KvPieces, StepwiseWrite};
 
 const STEP: i32 = 256;
 
@@ -30,6 +31,21 @@ impl KvCache {
         super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         let prev = self.offset as i32;
         let s = k.dim(2)?;
+        self.reserve(k, v, s)?;
+        let end = prev + s;
+        let (keys, values) = (self.keys.as_ref().unwrap_or(k), self.values.as_ref().unwrap_or(v));
+        let keys = write_rows(keys, k, prev, end)?;
+        let values = write_rows(values, v, prev, end)?;
+        self.keys = Some(keys);
+        self.values = Some(values);
+        self.offset = end as usize;
+        self.fetch()
+    }
+
+    /// Grows the buffers in 256-row steps (as mlx-lm does) until `s` more rows fit; k, v give
+    /// the rows' batch, heads, width and dtype.
+    fn reserve(&mut self, k: &Array, v: &Array, s: i32) -> mlx_core::Result<()> {
+        let prev = self.offset as i32;
         let capacity = match &self.keys {
             Some(a) => a.dim(2)?,
             None => 0,
@@ -54,14 +70,44 @@ impl KvCache {
                 }
             }
         }
-        let end = prev + s;
-        let (keys, values) = (self.keys.as_ref().unwrap_or(k), self.values.as_ref().unwrap_or(v));
-        let keys = write_rows(keys, k, prev, end)?;
-        let values = write_rows(values, v, prev, end)?;
+        Ok(())
+    }
+
+    /// Plans a stepwise write of `rows` rows (of `k`, `v` `[B, H, S, D]`, the rows of every session
+    /// of a forward) for one node to carry out ([`mlx_core::row_cache`]): the rows go at the
+    /// offset, in place, and row j of the write reads the first `offset + j + 1` rows, as
+    /// [`Self::update_and_fetch_stepwise`] gives them. None while the cache is empty.
+    pub(super) fn begin_stepwise(
+        &mut self,
+        k: &Array,
+        v: &Array,
+        rows: usize,
+    ) -> mlx_core::Result<Option<StepwiseWrite>> {
+        if self.keys.is_none() {
+            return Ok(None);
+        }
+        super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
+        self.reserve(k, v, rows as i32)?;
+        let (Some(keys), Some(values)) = (self.keys.take(), self.values.take()) else {
+            return Err(mlx_core::Error::Host { op: "KvCache::begin_stepwise", detail: "buffer missing".into() });
+        };
+        let len = keys.dim(2)? as usize;
+        let prev = self.offset;
+        self.offset += rows;
+        let copies = vec![
+            RowCopy { dst: 0, src: RowSource::Old, start: 0, count: len },
+            RowCopy { dst: prev, src: RowSource::New, start: 0, count: rows },
+        ];
+        Ok(Some(StepwiseWrite {
+            write: CacheWrite { keys, values, rows, len, copies },
+            reads: (prev + 1..=self.offset).map(|end| vec![0..end]).collect(),
+        }))
+    }
+
+    /// Takes the buffers a planned write produced.
+    pub(super) fn finish_stepwise(&mut self, keys: Array, values: Array) {
         self.keys = Some(keys);
         self.values = Some(values);
-        self.offset = end as usize;
-        self.fetch()
     }
 
     /// Writes k, v `[B, H, S, D]` and returns, for each row, the K/V a one-token decode step at

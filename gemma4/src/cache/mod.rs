@@ -51,6 +51,18 @@ pub enum CacheError {
 /// along the rows // each (`[B, H, L_s, D]`, same)
 pub type KvPieces = Vec<(Array, Array)>;
 
+/// A stepwise write planned on the host for [`mlx_core::row_cache::attend_and_write`]: the
+/// cache's buffers and how to rebuild them, and each new row's key ranges in that buffer (the
+/// keys, in the order, a one-token decode step at its position attends to). The cache's offset
+/// has moved; it takes the rebuilt buffers with [`LayerCache::finish_stepwise`].
+#[derive(Debug)]
+pub struct StepwiseWrite {
+    /// The buffers and their rebuild.
+    pub write: mlx_core::row_cache::CacheWrite,
+    /// Each new row's key ranges in the rebuilt buffers, in attention order.
+    pub reads: Vec<Vec<std::ops::Range<usize>>>,
+}
+
 /// A row's pieces as one K/V pair (a copy only when there are several).
 pub fn join_pieces(mut pieces: KvPieces) -> mlx_core::Result<(Array, Array)> {
     if pieces.len() == 1 {
@@ -120,6 +132,30 @@ impl LayerCache {
             LayerCache::Full(c) => c.update_and_fetch_stepwise_pieces(k, v),
             LayerCache::Rotating(c) => c.update_and_fetch_stepwise_pieces(k, v),
         }
+    }
+
+    /// Plans [`Self::update_and_fetch_stepwise_pieces`] of `rows` rows for one node to carry
+    /// out, leaving the same layout and state (the rows' batch, heads, width and dtype are those
+    /// of `k` and `v`, the new rows of every session of a forward). None, and nothing changed,
+    /// while the cache is empty.
+    pub fn begin_stepwise(&mut self, k: &Array, v: &Array, rows: usize) -> mlx_core::Result<Option<StepwiseWrite>> {
+        match self {
+            LayerCache::Full(c) => c.begin_stepwise(k, v, rows),
+            LayerCache::Rotating(c) => c.begin_stepwise(k, v, rows),
+        }
+    }
+
+    /// Takes the buffers (keys, values) that carried out the write [`Self::begin_stepwise`] planned.
+    pub fn finish_stepwise(&mut self, keys: Array, values: Array) {
+        match self {
+            LayerCache::Full(c) => c.finish_stepwise(keys, values),
+            LayerCache::Rotating(c) => c.finish_stepwise(keys, values),
+        }
+    }
+
+    /// Whether the cache holds buffers (it has been written).
+    pub fn is_written(&self) -> bool {
+        !self.state().is_empty()
     }
 
     /// Tokens written so far (the RoPE offset of the next token).

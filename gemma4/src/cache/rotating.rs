@@ -20,10 +20,13 @@
 //! position, or max_size if the ring had not filled yet), so the order is a function of q alone
 //! and rolled-back rows never disturb it.
 
+use std::ops::Range;
+
+use mlx_core::row_cache::{CacheWrite, RowCopy, RowSource};
 use mlx_core::{concatenate, Array};
 
 use super::full::write_rows;
-use super::{CacheError, KvPieces};
+use super::{CacheError, KvPieces, StepwiseWrite};
 
 const STEP: i32 = 256;
 
@@ -216,18 +219,84 @@ impl RotatingKvCache {
     /// the last min(q + 1, window) positions, rotated so the one in slot 0 comes first (as one
     /// or two slices of the buffer, in order).
     fn decode_view(&self, buf: &Array, q: usize, phase: usize, first: usize) -> mlx_core::Result<Vec<Array>> {
+        self.decode_ranges(q, phase, first)
+            .into_iter()
+            .map(|r| buf.slice_axis(2, r.start as i32, r.end as i32))
+            .collect()
+    }
+
+    /// [`Self::decode_view`]'s buffer rows: one range, or two where the ring has wrapped.
+    fn decode_ranges(&self, q: usize, phase: usize, first: usize) -> Vec<Range<usize>> {
         let w = self.max_size as usize;
         let lo = (q + 1).saturating_sub(w);
-        let row = |pos: usize| (pos - first) as i32;
+        let row = |pos: usize| pos - first;
         if q + 1 < w {
-            return Ok(vec![buf.slice_axis(2, row(lo), row(q + 1))?]);
+            return vec![row(lo)..row(q + 1)];
         }
         let slot0 = lo + (phase + w - lo % w) % w;
         if slot0 == lo {
-            Ok(vec![buf.slice_axis(2, row(lo), row(q + 1))?])
+            vec![row(lo)..row(q + 1)]
         } else {
-            Ok(vec![buf.slice_axis(2, row(slot0), row(q + 1))?, buf.slice_axis(2, row(lo), row(slot0))?])
+            vec![row(slot0)..row(q + 1), row(lo)..row(slot0)]
         }
+    }
+
+    /// Plans a stepwise write of `rows` rows (of `k`, `v` `[B, H, S, D]`, the rows of every session
+    /// of a forward) for one node to carry out ([`mlx_core::row_cache`]), leaving the layout and
+    /// state [`Self::update_and_fetch_stepwise_pieces`] leaves: the buffer in temporal order with
+    /// at most `max_size − 1` old rows, then the new ones; each row reads its decode view. None
+    /// while the cache is empty.
+    pub(super) fn begin_stepwise(
+        &mut self,
+        k: &Array,
+        v: &Array,
+        rows: usize,
+    ) -> mlx_core::Result<Option<StepwiseWrite>> {
+        let (Some(keys), Some(values)) = (self.keys.take(), self.values.take()) else {
+            return Ok(None);
+        };
+        if let Err(e) = super::check_rows(k, v, Some((&keys, &values))) {
+            (self.keys, self.values) = (Some(keys), Some(values));
+            return Err(e);
+        }
+        let w = self.max_size as usize;
+        let prev = self.offset;
+        let phase = *self.phase.get_or_insert(prev.max(w));
+        let (len, idx) = (keys.dim(2)? as usize, self.idx as usize);
+        // The old rows in temporal order (`temporal_order`), less the oldest beyond max_size − 1.
+        let temporal = if idx == len {
+            vec![0..len]
+        } else if idx < prev {
+            vec![idx..len, 0..idx]
+        } else {
+            vec![0..idx]
+        };
+        let mut skip = temporal.iter().map(Range::len).sum::<usize>().saturating_sub(w - 1);
+        let mut copies = Vec::new();
+        let mut dst = 0;
+        for r in temporal {
+            let count = r.len().saturating_sub(skip);
+            if count > 0 {
+                copies.push(RowCopy { dst, src: RowSource::Old, start: r.end - count, count });
+                dst += count;
+            }
+            skip = skip.saturating_sub(r.len());
+        }
+        copies.push(RowCopy { dst, src: RowSource::New, start: 0, count: rows });
+        let len = dst + rows;
+        self.offset += rows;
+        self.idx = len as i32;
+        self.spec_budget = rows.saturating_sub(1);
+        self.last_write = rows;
+        let first = self.offset - len;
+        let reads = (prev..self.offset).map(|q| self.decode_ranges(q, phase, first)).collect();
+        Ok(Some(StepwiseWrite { write: CacheWrite { keys, values, rows, len, copies }, reads }))
+    }
+
+    /// Takes the buffers a planned write produced.
+    pub(super) fn finish_stepwise(&mut self, keys: Array, values: Array) {
+        self.keys = Some(keys);
+        self.values = Some(values);
     }
 
     /// mlx-lm's `is_trimmable`: the ring has not wrapped.

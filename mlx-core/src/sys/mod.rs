@@ -96,6 +96,7 @@ pub(crate) mod ffi {
         fn shape(a: &Array) -> Result<Vec<i32>>;
         fn dtype(a: &Array) -> Result<DtypeCode>;
         fn nbytes(a: &Array) -> Result<usize>;
+        fn sole_holder(a: &Array) -> bool;
         fn mlx_version() -> Result<String>;
         fn blas_core() -> String;
 
@@ -264,6 +265,12 @@ pub(crate) mod ffi {
         fn row_quantized_int8_activations(k: i32, bits: i32) -> bool;
         // ---- row-invariant single-query attention (row_attention.cc) ----
         fn row_attention(inputs: &ArrayList, segments: &[i32], scale: f32) -> Result<UniquePtr<Array>>;
+        fn row_cache_attention(
+            inputs: &ArrayList,
+            plan: &[i32],
+            writes: bool,
+            scale: f32,
+        ) -> Result<UniquePtr<ArrayList>>;
         // ---- a dense layer's few-row chains in two nodes (row_layer.cc) ----
         fn row_qkv(
             inputs: &ArrayList,

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <vector>
 
@@ -208,6 +209,207 @@ class RowAttention : public CpuOnlyMulti {
   std::vector<int> segments_;
 };
 
+
+// A stepwise forward's cache writes and its attention in one node per layer, for all the
+// sessions of a batched step. Written with graph ops, every session costs each layer several
+// nodes (slices of its new rows, buffer updates or copies, views of each row's keys), ~10 µs of
+// host work apiece; here the host only computes the plan below (plain integers), and the node
+// rebuilds each session's buffer and attends each row over ranges of it with `attend_row`, so the
+// rows get the bits `RowAttention` gives them over the same keys in the same order.
+//
+// Plan (int32, flat): S, then per session `rows, len, in_place, copies, copies × (dst, src, start,
+// count)`
+// (src 0: the old buffer's rows, 1: the session's new rows; copies apply in order), then per query
+// row (the sessions' rows in turn) `ranges, ranges × (start, end)` into its session's buffer.
+// Without writes the sessions' buffers are read as given and their copies must be empty.
+//
+// In place: MLX donates an input buffer to an output only when nothing else holds the input, and
+// every output of a multi-output node holds its inputs, so this node could never be donated a
+// buffer. The caller checks instead, while building the graph, that its cache held the buffers
+// alone (`sole_holder`) and gives them up to the node, which then rewrites them where the plan
+// allows it (same length, the old rows at most shifted down) instead of copying them.
+struct RowCopy {
+  int dst, src, start, count;
+};
+
+struct SessionPlan {
+  int rows = 0, len = 0;
+  bool in_place = false;  // the caller holds the buffers alone: they may be rewritten in place
+  std::vector<RowCopy> copies;
+  // The new buffer can be the old one rewritten: same length, at most one copy from the old rows
+  // moving them down (memmove), the rest from the new rows.
+  bool shiftable() const {
+    int old = 0;
+    for (const auto& c : copies) {
+      if (c.src == 0 && (++old > 1 || c.dst > c.start)) return false;
+    }
+    return true;
+  }
+};
+
+struct CachePlan {
+  std::vector<SessionPlan> sessions;
+  std::vector<std::vector<std::pair<int, int>>> reads;  // per query row
+};
+
+CachePlan parse_plan(rust::Slice<const int32_t> flat) {
+  size_t at = 0;
+  auto next = [&]() -> int {
+    if (at >= flat.size()) throw std::invalid_argument("row_cache_attention: the plan ends early");
+    return flat[at++];
+  };
+  CachePlan p;
+  const int S = next();
+  if (S < 1) throw std::invalid_argument("row_cache_attention: the plan needs at least one session");
+  int total = 0;
+  for (int s = 0; s < S; ++s) {
+    SessionPlan sp;
+    sp.rows = next();
+    sp.len = next();
+    sp.in_place = next() != 0;
+    const int n = next();
+    if (sp.rows < 1 || sp.len < 1 || n < 0) throw std::invalid_argument("row_cache_attention: bad session header");
+    for (int c = 0; c < n; ++c) {
+      RowCopy rc{next(), next(), next(), next()};
+      if (rc.dst < 0 || rc.count < 0 || rc.start < 0 || rc.dst + rc.count > sp.len || (rc.src != 0 && rc.src != 1) ||
+          (rc.src == 1 && rc.start + rc.count > sp.rows)) {
+        throw std::invalid_argument("row_cache_attention: a copy falls outside its buffer or rows");
+      }
+      sp.copies.push_back(rc);
+    }
+    total += sp.rows;
+    p.sessions.push_back(std::move(sp));
+  }
+  for (int i = 0; i < total; ++i) {
+    const int n = next();
+    if (n < 1) throw std::invalid_argument("row_cache_attention: every row needs at least one key range");
+    std::vector<std::pair<int, int>> r;
+    for (int j = 0; j < n; ++j) {
+      const int a = next(), b = next();
+      if (a < 0 || b <= a) throw std::invalid_argument("row_cache_attention: empty or reversed key range");
+      r.emplace_back(a, b);
+    }
+    p.reads.push_back(std::move(r));
+  }
+  if (at != flat.size()) throw std::invalid_argument("row_cache_attention: the plan has trailing entries");
+  return p;
+}
+
+class RowCacheAttention : public CpuOnlyMulti {
+ public:
+  RowCacheAttention(mx::Stream s, float scale, CachePlan plan, bool writes)
+      : CpuOnlyMulti(s), scale_(scale), plan_(std::move(plan)), writes_(writes) {}
+
+  // inputs: q [1, Hq, R, D]; with writes k_new, v_new [1, Hkv, R, D]; then per session its key
+  // and value buffers [1, Hkv, L_s, D] (rows of D floats contiguous, any other strides).
+  // outputs: [1, Hq, R, D]; with writes each session's new key and value buffers [1, Hkv, len, D].
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const size_t first = writes_ ? 3 : 1;
+    std::vector<bool> in_place(outputs.size(), false);
+    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+    for (size_t o = 1; o < outputs.size(); ++o) {
+      const auto& old = inputs[first + o - 1];
+      const auto& sp = plan_.sessions[(o - 1) / 2];
+      in_place[o] = sp.in_place && sp.shiftable() && old.flags().row_contiguous && old.shape() == outputs[o].shape();
+      if (in_place[o]) {
+        outputs[o].copy_shared_buffer(old);
+      } else {
+        outputs[o].set_data(mx::allocator::malloc(outputs[o].nbytes()));
+      }
+    }
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> held, outs;
+    for (const auto& a : inputs) {
+      enc.set_input_array(a);
+      held.push_back(mx::array::unsafe_weak_copy(a));
+    }
+    for (auto& a : outputs) {
+      enc.set_output_array(a);
+      outs.push_back(mx::array::unsafe_weak_copy(a));
+    }
+    enc.dispatch([held = std::move(held), outs = std::move(outs), in_place = std::move(in_place), plan = plan_,
+                  scale = scale_, first]() mutable {
+      const mx::array& q = held[0];
+      const int Hq = q.shape(1), R = q.shape(2), D = q.shape(3);
+      const int Hkv = held[first].shape(1);
+      const int rep = Hq / Hkv;
+      RowMajor q_rows, kv_rows;
+      const float* qd = q_rows(q);
+      const float* kn = first == 3 ? kv_rows(held[1]) : nullptr;  // [Hkv, R, D]
+      const float* vn = first == 3 ? kv_rows(held[2]) : nullptr;
+      std::vector<std::vector<float>> copies;
+      // Each session's key and value buffers as the rows read: the new ones, or the inputs.
+      std::vector<std::pair<Rows, Rows>> bufs;
+      int row0 = 0;  // the session's first row in q and the new rows
+      for (size_t s = 0; s < plan.sessions.size(); ++s) {
+        const auto& sp = plan.sessions[s];
+        std::pair<Rows, Rows> pair;
+        for (int kv = 0; kv < 2; ++kv) {
+          const mx::array& old = held[first + 2 * s + kv];
+          Rows src;
+          if (rows_readable(old)) {
+            const auto& st = old.strides();
+            src = Rows{old.data<float>(), size_t(st[0]), size_t(st[1]), size_t(st[2]), old.shape(2)};
+          } else {
+            copies.push_back(row_major(old));
+            const size_t l = size_t(old.shape(2)) * D;
+            src = Rows{copies.back().data(), size_t(Hkv) * l, l, size_t(D), old.shape(2)};
+          }
+          if (first == 1) {
+            (kv == 0 ? pair.first : pair.second) = src;
+            continue;
+          }
+          mx::array& out = outs[1 + 2 * s + kv];
+          float* dst = out.data<float>();
+          const size_t l = size_t(sp.len) * D;
+          const float* fresh = kv == 0 ? kn : vn;
+          for (const auto& c : sp.copies) {
+            if (c.count == 0 || (c.src == 0 && in_place[1 + 2 * s + kv] && c.dst == c.start)) continue;
+            for (int h = 0; h < Hkv; ++h) {
+              for (int r = 0; r < c.count; ++r) {
+                const float* from = c.src == 0 ? src.row(0, h, c.start + r)
+                                               : fresh + (size_t(h) * R + row0 + c.start + r) * D;
+                std::memmove(dst + h * l + size_t(c.dst + r) * D, from, sizeof(float) * D);
+              }
+            }
+          }
+          (kv == 0 ? pair.first : pair.second) = Rows{dst, size_t(Hkv) * l, l, size_t(D), sp.len};
+        }
+        bufs.push_back(pair);
+        row0 += sp.rows;
+      }
+      std::vector<float> scores;
+      std::vector<const float*> kp, vp;
+      float* od = outs[0].data<float>();
+      int i = 0;
+      for (size_t s = 0; s < plan.sessions.size(); ++s) {
+        const auto& [k, v] = bufs[s];
+        for (int r = 0; r < plan.sessions[s].rows; ++r, ++i) {
+          for (int h = 0; h < Hq; ++h) {
+            kp.clear();
+            vp.clear();
+            for (const auto& [a, b] : plan.reads[i]) {
+              for (int l = a; l < b; ++l) {
+                kp.push_back(k.row(0, h / rep, l));
+                vp.push_back(v.row(0, h / rep, l));
+              }
+            }
+            const size_t qi = (static_cast<size_t>(h) * R + i) * D;
+            attend_row(qd + qi, kp, vp, D, scale, od + qi, scores);
+          }
+        }
+      }
+    });
+  }
+
+  DEFINE_NAME(RowCacheAttention)
+
+ private:
+  float scale_;
+  CachePlan plan_;
+  bool writes_;
+};
+
 }  // namespace
 
 ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segments, float scale) {
@@ -259,6 +461,71 @@ ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segme
   auto outs = mx::array::make_arrays({q.shape()}, {mx::float32},
                                      std::make_shared<RowAttention>(s, scale, std::move(segs)), args);
   return std::make_unique<Array>(outs[0]);
+}
+
+std::unique_ptr<ArrayList> row_cache_attention(const ArrayList& inputs, rust::Slice<const int32_t> plan_flat, bool writes,
+                                               float scale) {
+  const char* k = "row_cache_attention: ";
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(k + what); };
+  CachePlan plan = parse_plan(plan_flat);
+  const auto& in = inputs.items;
+  const size_t first = writes ? 3 : 1;
+  const size_t S = plan.sessions.size();
+  if (in.size() != first + 2 * S) {
+    fail("expected q" + std::string(writes ? ", k_new, v_new" : "") + " and two buffers for each of " +
+         std::to_string(S) + " sessions, got " + std::to_string(in.size()) + " arrays");
+  }
+  for (const auto& a : in) {
+    if (a.dtype() != mx::float32) fail("only float32 is supported");
+    if (a.ndim() != 4 || a.shape(0) != 1) fail("arrays must be [1, H, L, D]");
+  }
+  const auto& q = in[0];
+  const int R = q.shape(2), D = q.shape(3), Hkv = in[first].shape(1);
+  if (Hkv < 1 || q.shape(1) % Hkv != 0) fail("the key heads must divide the query heads");
+  int total = 0;
+  for (const auto& sp : plan.sessions) total += sp.rows;
+  if (total != R) fail("the plan's sessions hold " + std::to_string(total) + " rows, q has " + std::to_string(R));
+  if (writes) {
+    for (size_t i : {size_t(1), size_t(2)}) {
+      if (in[i].shape(1) != Hkv || in[i].shape(2) != R || in[i].shape(3) != D) fail("new keys/values must be [1, Hkv, R, D]");
+    }
+  }
+  for (size_t s = 0; s < S; ++s) {
+    const auto& sp = plan.sessions[s];
+    const auto& kb = in[first + 2 * s];
+    const auto& vb = in[first + 2 * s + 1];
+    if (kb.shape() != vb.shape() || kb.shape(1) != Hkv || kb.shape(3) != D) {
+      fail("session " + std::to_string(s) + "'s buffers must both be [1, Hkv, L, D]");
+    }
+    if (!writes && !sp.copies.empty()) fail("a read-only plan has no copies");
+    for (const auto& c : sp.copies) {
+      if (c.src == 0 && c.start + c.count > kb.shape(2)) fail("a copy reads past session " + std::to_string(s) + "'s buffer");
+    }
+  }
+  int i = 0;
+  for (size_t s = 0; s < S; ++s) {
+    const int len = writes ? plan.sessions[s].len : in[first + 2 * s].shape(2);
+    for (int r = 0; r < plan.sessions[s].rows; ++r, ++i) {
+      for (const auto& [a, b] : plan.reads[i]) {
+        if (b > len) fail("row " + std::to_string(i) + " reads past its session's buffer");
+      }
+    }
+  }
+  auto st = mx::default_stream(mx::Device(mx::Device::cpu));
+  std::vector<mx::Shape> shapes{q.shape()};
+  std::vector<mx::Dtype> dtypes{mx::float32};
+  if (writes) {
+    for (const auto& sp : plan.sessions) {
+      for (int kv = 0; kv < 2; ++kv) {
+        shapes.push_back({1, Hkv, sp.len, D});
+        dtypes.push_back(mx::float32);
+      }
+    }
+  }
+  auto prim = std::make_shared<RowCacheAttention>(st, scale, std::move(plan), writes);
+  auto l = std::make_unique<ArrayList>();
+  l->items = mx::array::make_arrays(std::move(shapes), std::move(dtypes), prim, in);
+  return l;
 }
 
 }  // namespace mlxr

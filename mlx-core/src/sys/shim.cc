@@ -108,6 +108,8 @@ rust::Vec<int32_t> shape(const Array& a) {
 DtypeCode dtype(const Array& a) { return from_dtype(a.inner.dtype()); }
 size_t nbytes(const Array& a) { return a.inner.nbytes(); }
 
+bool sole_holder(const Array& a) { return a.inner.is_available() && a.inner.is_donatable(); }
+
 rust::String mlx_version() { return rust::String(mx::version()); }
 
 rust::String blas_core() {

@@ -38,6 +38,8 @@ ArrayPtr clone_array(const Array& a);
 rust::Vec<int32_t> shape(const Array& a);
 DtypeCode dtype(const Array& a);
 size_t nbytes(const Array& a);
+// Whether `a` is evaluated and nothing but this handle holds it or its buffer.
+bool sole_holder(const Array& a);
 rust::String mlx_version();
 rust::String blas_core();
 
@@ -125,6 +127,11 @@ bool row_quantized_int8_activations(int32_t K, int32_t bits);
 // segments[i] pairs k, v [B, Hkv, L, D] taken in order (inputs: q, then row 0's pairs, row 1's,
 // …), with every row's bits independent of n and of how its keys are cut (row_attention.cc).
 ArrayPtr row_attention(const ArrayList& inputs, rust::Slice<const int32_t> segments, float scale);
+// A stepwise forward's cache writes and row attention for several sessions in one node: each
+// session's buffers rebuilt from a host plan of row copies, each row attending over key ranges
+// of its session's buffer (row_attention.cc).
+std::unique_ptr<ArrayList> row_cache_attention(const ArrayList& inputs, rust::Slice<const int32_t> plan, bool writes,
+                                               float scale);
 // A dense decoder layer's attention input side for few f32 rows, one node (row_layer.cc):
 // inputs x [B·L, H], input norm, wq, q norm, wk, k norm, wv, positions [L] (int32), RoPE inverse
 // frequencies; outputs q, k, v [B, heads, L, head_dim], each head RMS-normed (v without weight),
