@@ -299,6 +299,26 @@ fn run_group(
     let fwd = forward().and_then(|(logits, taps)| {
         let mut parts = Vec::with_capacity(group.len());
         let mut draws = Vec::new();
+        // Plain greedy sessions' tokens in one draw over all rows (their rows' first row each).
+        let greedy_rows: Vec<(usize, usize)> = {
+            let mut start = 0;
+            let mut out = Vec::new();
+            for &i in group {
+                let Some(r) = rows[i].as_ref() else { continue };
+                if members[i].session.draws_greedy(r) {
+                    out.push((i, start));
+                }
+                start += r.len();
+            }
+            out
+        };
+        let greedy = match greedy_rows.len() {
+            0 | 1 => None,
+            _ => crate::plain::greedy_tokens(&logits)?,
+        };
+        if greedy.is_some() {
+            target.check_first_logits(&logits)?;
+        }
         let mut start = 0i32;
         for &i in group {
             let Some(r) = rows[i].as_ref() else { continue };
@@ -306,6 +326,10 @@ fn run_group(
             let l = logits.slice_axis(0, start, start + len)?;
             let t = taps.as_ref().map(|t| t.slice_axis(1, start, start + len)).transpose()?;
             start += len;
+            if greedy.is_some() && members[i].session.draws_greedy(r) {
+                parts.push((i, l, t));
+                continue;
+            }
             // A session whose draw fails ends alone (its conclusion reports why).
             match members[i].session.draw(r, &l) {
                 Ok(d) => draws.extend(d),
@@ -320,7 +344,15 @@ fn run_group(
         let mut all = vec![&logits];
         all.extend(taps.as_ref());
         all.extend(draws.iter());
+        all.extend(greedy.as_ref());
         mlx_core::eval(&all)?;
+        if let Some(g) = &greedy {
+            let tokens = g.to_vec::<u32>()?;
+            for &(i, row) in &greedy_rows {
+                let token = tokens.get(row).copied().ok_or_else(|| Error::Batch("a greedy row is missing".into()))?;
+                members[i].session.drawn_greedy(token);
+            }
+        }
         Ok(parts)
     });
     let forward_ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -18,8 +18,14 @@ pub struct PlainRounds {
     emitted: usize,
     /// The request's settings: max tokens and stop tokens, and for [`Self::unstarted`].
     cfg: gemma4::generate::GenerateConfig,
-    /// The next token drawn for the batch's one evaluation ([`Self::draw`]), not yet read.
-    drawn: Option<Array>,
+    /// The next token drawn for the batch's one evaluation: lazily ([`Self::draw`]), or read
+    /// from the batch's greedy draw of all rows ([`Self::drawn_greedy`]).
+    drawn: Option<Drawn>,
+}
+
+enum Drawn {
+    Lazy(Array),
+    Read(u32),
 }
 
 impl PlainRounds {
@@ -63,19 +69,31 @@ impl PlainRounds {
         target.check_first_logits(logits)?;
         let lp = biased_logprobs(logits, self.sampler.config())?;
         let token = self.sampler.sample(&lp)?.astype(Dtype::U32)?;
-        self.drawn = Some(token.clone());
+        self.drawn = Some(Drawn::Lazy(token.clone()));
         Ok(token)
+    }
+
+    /// Whether the next token is the argmax of the row's log-probabilities, unbiased: what
+    /// [`greedy_tokens`] draws for many rows at once.
+    pub fn greedy(&self) -> bool {
+        self.sampler.config().is_greedy() && self.sampler.config().logit_bias.is_empty()
+    }
+
+    /// The next token, drawn by the batch for a [`Self::greedy`] request (instead of
+    /// [`Self::draw`]).
+    pub fn drawn_greedy(&mut self, token: u32) {
+        self.drawn = Some(Drawn::Read(token));
     }
 
     /// Reads the token drawn from the step's logits `[1, V]` (drawing it now unless
     /// [`Self::draw`] did; one host read); returns it, or why the request ended (a stop token is
     /// not emitted).
     pub fn conclude(&mut self, target: &Model, logits: &Array) -> Result<(Option<u32>, Option<FinishReason>)> {
-        let drawn = match self.drawn.take() {
-            Some(t) => t,
-            None => self.draw(target, logits)?,
+        let token = match self.drawn.take() {
+            Some(Drawn::Read(t)) => t,
+            Some(Drawn::Lazy(t)) => t.item::<u32>()?,
+            None => self.draw(target, logits)?.item::<u32>()?,
         };
-        let token = drawn.item::<u32>()?;
         if self.cfg.stop_tokens.contains(&token) {
             return Ok((None, Some(FinishReason::Stop)));
         }
@@ -83,4 +101,15 @@ impl PlainRounds {
         self.pending = token;
         Ok((Some(token), self.at_length().then_some(FinishReason::Length)))
     }
+}
+
+/// The greedy token of every row of `logits` `[R, V]` in one pass // `[R]` uint32: the argmax
+/// of each row's log-probabilities, which is [`PlainRounds::draw`]'s for a [`PlainRounds::greedy`]
+/// request when the rows' log-softmax is the row kernel (each row's bits its own, whatever
+/// the other rows); None where it is not, and requests then draw alone.
+pub fn greedy_tokens(logits: &Array) -> Result<Option<Array>> {
+    if !mlx_core::blas::row_kernels_for(logits)? {
+        return Ok(None);
+    }
+    Ok(Some(gemma4::sampling::logprobs(logits)?.argmax(-1, false)?.astype(Dtype::U32)?))
 }

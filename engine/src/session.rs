@@ -391,6 +391,19 @@ impl<'m, 't> Session<'m, 't> {
         }
     }
 
+    /// Whether this step's token is a plain greedy draw the batch makes for many sessions at
+    /// once ([`crate::plain::greedy_tokens`]), handed over with [`Self::drawn_greedy`].
+    pub fn draws_greedy(&self, rows: &Rows) -> bool {
+        matches!((&self.decoding, rows), (Decoding::Plain(p), Rows::Plain(_)) if p.greedy())
+    }
+
+    /// The token the batch drew for a [`Self::draws_greedy`] step.
+    pub fn drawn_greedy(&mut self, token: u32) {
+        if let Decoding::Plain(p) = &mut self.decoding {
+            p.drawn_greedy(token);
+        }
+    }
+
     /// A plain step's next token, drawn from its `logits` // `[1, V]` without evaluating it (a
     /// batch evaluates the draws with the forward, one pass for all); `None` for a speculative
     /// round, whose verdict reads its logits in [`Self::conclude`].

@@ -104,11 +104,18 @@ fn alone_and_batched(m: &Model, reqs: &[(Request, bool)], cost: Option<BatchCost
 
 #[test]
 fn batched_sessions_decode_what_they_decode_alone() {
-    let m = Model::load(target_dir()).unwrap();
+    // As stored (bf16: MLX's kernels) and in f32 (the row kernels, where the batch draws its
+    // plain greedy tokens in one pass and writes every cache in one node per layer).
+    batched_sessions_decode_alone(&Model::load(target_dir()).unwrap());
+    let (f32m, _) = Model::load_as(target_dir(), gemma4::ComputeDtype::F32, mlx_core::Device::Cpu).unwrap();
+    batched_sessions_decode_alone(&f32m);
+}
+
+fn batched_sessions_decode_alone(m: &Model) {
     let plan = |d: &dyn Drafter| {
         Pruning::Throughput(ThroughputPlan::new(Sts::identity(d.gamma()), vec![1.0, 1.02, 1.04, 1.06, 1.08]))
     };
-    let d = drafter(&m);
+    let d = drafter(m);
     let reqs = vec![
         (request(0, 0.0, plan(d.as_ref()), false), true),
         (request(1, 0.0, Pruning::Off, false), true),
@@ -117,14 +124,17 @@ fn batched_sessions_decode_what_they_decode_alone() {
         (request(4, 0.0, Pruning::Off, false), false),
         (request(5, 0.9, Pruning::Off, true), false),
         (request(6, 0.0, plan(d.as_ref()), false), true),
+        // Two plain greedy requests: the batch draws their tokens in one pass over all rows.
+        (request(7, 0.0, Pruning::Off, false), false),
     ];
-    let (alone, batched) = alone_and_batched(&m, &reqs, Some(cliff()));
+    let (alone, batched) = alone_and_batched(m, &reqs, Some(cliff()));
+    assert_ne!(alone[4].tokens, alone[7].tokens, "the two plain greedy requests must differ to tell their rows apart");
     for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
         assert_eq!(a.tokens, b.tokens, "request {i}: batched output differs from the request alone");
         assert_eq!(a.finish, b.finish, "request {i}");
         assert!(!a.tokens.is_empty(), "request {i} emitted nothing");
     }
-    // The batch schedule did choose: with 7 anchors past the cliff, the greedy throughput
+    // The batch schedule did choose: with 8 anchors past the cliff, the greedy throughput
     // requests (0 and 6) verified no drafts, while alone they drafted.
     for i in [0, 6] {
         let (a, b) = (alone[i].stats.as_ref().unwrap(), batched[i].stats.as_ref().unwrap());

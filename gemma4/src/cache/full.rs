@@ -77,6 +77,7 @@ impl KvCache {
     /// of a forward) for one node to carry out ([`mlx_core::row_cache`]): the rows go at the
     /// offset, in place, and row j of the write reads the first `offset + j + 1` rows, as
     /// [`Self::update_and_fetch_stepwise`] gives them. None while the cache is empty.
+    #[allow(clippy::single_range_in_vec_init)] // lists of key ranges, often of one
     pub(super) fn begin_stepwise(
         &mut self,
         k: &Array,

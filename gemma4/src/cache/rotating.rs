@@ -226,6 +226,7 @@ impl RotatingKvCache {
     }
 
     /// [`Self::decode_view`]'s buffer rows: one range, or two where the ring has wrapped.
+    #[allow(clippy::single_range_in_vec_init)] // lists of key ranges, often of one
     fn decode_ranges(&self, q: usize, phase: usize, first: usize) -> Vec<Range<usize>> {
         let w = self.max_size as usize;
         let lo = (q + 1).saturating_sub(w);
@@ -246,6 +247,7 @@ impl RotatingKvCache {
     /// state [`Self::update_and_fetch_stepwise_pieces`] leaves: the buffer in temporal order with
     /// at most `max_size − 1` old rows, then the new ones; each row reads its decode view. None
     /// while the cache is empty.
+    #[allow(clippy::single_range_in_vec_init)] // lists of key ranges, often of one
     pub(super) fn begin_stepwise(
         &mut self,
         k: &Array,
