@@ -9,6 +9,7 @@
 // never changes a column's arithmetic: a row's bits do not depend on how the work is divided.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -51,38 +52,61 @@ class RowSplit {
     return yes;
   }
 
-  // Runs `theirs` on the helper while the caller runs `mine`, and returns when both are done;
-  // false (nothing run) if the helper is serving another caller.
+  // Runs `mine` on this thread and offers `theirs` to the helper; returns once `mine` is over and
+  // the helper has either finished `theirs` or never started it (the offer is then withdrawn). The
+  // two must share their work out (each piece taken by one of them, as `split_columns` takes
+  // column chunks against a shared count), so `mine` alone does all of it when the helper does
+  // not come. False (nothing run) if the helper is serving another caller.
   template <class F, class G>
-  bool split(F&& theirs, G&& mine) {
+  bool share(F&& theirs, G&& mine) {
     std::unique_lock<std::mutex> busy(use_, std::try_to_lock);
     if (!busy.owns_lock()) return false;
-    std::function<void()> job(std::forward<F>(theirs));
+    std::function<void()> job(std::ref(theirs));
     job_.store(&job);  // seq_cst with `sleeping_` below: the helper sees the job or we see it asleep
     if (sleeping_.load()) {
       std::lock_guard<std::mutex> lk(m_);
       wake_.notify_one();
     }
     mine();
-    while (job_.load(std::memory_order_acquire) != nullptr) spin_relax();
+    // Withdraw the offer if the helper has not taken it (it may be descheduled or asleep: a
+    // fixed half handed to it would keep this thread waiting); otherwise wait for its run.
+    std::function<void()>* offered = &job;
+    if (!job_.compare_exchange_strong(offered, nullptr)) {
+      while (job_.load(std::memory_order_acquire) != nullptr) spin_relax();
+    }
     return true;
   }
 
  private:
   RowSplit() : thread_([this] { loop(); }) { thread_.detach(); }
 
+  // What `job_` holds while the helper runs a job it took.
+  static std::function<void()>* taken() {
+    static std::function<void()> marker;
+    return &marker;
+  }
+
+  // A job offered and not yet taken.
+  bool offered() const {
+    auto* j = job_.load(std::memory_order_acquire);
+    return j != nullptr && j != taken();
+  }
+
   void loop() {
     for (;;) {
       std::function<void()>* job = nullptr;
       auto idle_since = std::chrono::steady_clock::now();
-      for (unsigned n = 1; (job = job_.load(std::memory_order_acquire)) == nullptr; ++n) {
+      for (unsigned n = 1;; ++n) {
+        job = job_.load(std::memory_order_acquire);
+        // Take the job unless the caller withdrew it first.
+        if (job != nullptr && job != taken() && job_.compare_exchange_strong(job, taken())) break;
         // Yield rather than pause: on a machine with as many busy threads as cores (graph
         // building, the stream's kernels), a pausing spinner would take a core from them.
         std::this_thread::yield();
         if (n % 16 == 0 && std::chrono::steady_clock::now() - idle_since > SPIN_WINDOW) {
           std::unique_lock<std::mutex> lk(m_);
           sleeping_.store(true);
-          wake_.wait(lk, [this] { return job_.load() != nullptr; });
+          wake_.wait(lk, [this] { return offered(); });
           sleeping_.store(false);
           idle_since = std::chrono::steady_clock::now();
         }
@@ -99,15 +123,29 @@ class RowSplit {
   std::thread thread_;
 };
 
-// Runs `block(n0, n1)` over the N output columns of a few-row product, split in two (at a
-// multiple of 4, the kernels' block of weight rows) over the helper and this thread when the
-// product holds `work` ≥ ~16K multiply-adds: below that even a spinning hand-over costs more
-// than it saves. Columns never change their arithmetic, so neither does the split.
+// Runs `block(n0, n1)` over the N output columns of a few-row product, shared with the helper
+// when the product holds `work` ≥ ~16K multiply-adds (below that even a spinning hand-over costs
+// more than it saves): in chunks (multiples of 4 columns, the kernels' block of weight rows) that
+// this thread takes from the front and the helper from the back against one count, so each
+// streams its weights in order and they meet wherever their speeds put the boundary. A helper
+// that is descheduled (the graph's builder, a third thread, shares the two cores) or asleep
+// leaves its chunks to this thread instead of making it wait. Columns never change their
+// arithmetic, so neither does the split.
 template <class F>
 void split_columns(int N, size_t work, F&& block) {
   if (!RowSplit::available() || work < (size_t(1) << 14) || N < 16) return block(0, N);
-  const int mid = ((N / 2) + 3) & ~3;
-  if (!RowSplit::get().split([&] { block(mid, N); }, [&] { block(0, mid); })) block(0, N);
+  constexpr int kChunks = 16;
+  const int step = std::max(4, ((N + kChunks - 1) / kChunks + 3) & ~3);
+  const int chunks = (N + step - 1) / step;
+  std::atomic<int> claimed{0};
+  auto chunk = [&](int c) { block(c * step, std::min(N, (c + 1) * step)); };
+  auto front = [&] {
+    for (int c = 0; claimed.fetch_add(1, std::memory_order_relaxed) < chunks; ++c) chunk(c);
+  };
+  auto back = [&] {
+    for (int c = chunks - 1; claimed.fetch_add(1, std::memory_order_relaxed) < chunks; --c) chunk(c);
+  };
+  if (!RowSplit::get().share(back, front)) block(0, N);
 }
 
 }  // namespace mlxr
