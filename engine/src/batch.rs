@@ -299,7 +299,7 @@ fn run_group(
     let fwd = forward().and_then(|(logits, taps)| {
         let mut parts = Vec::with_capacity(group.len());
         let mut draws = Vec::new();
-        // Plain greedy sessions' tokens in one draw over all rows (their rows' first row each).
+        // Plain greedy sessions' tokens in one draw over their rows (one row each).
         let greedy_rows: Vec<(usize, usize)> = {
             let mut start = 0;
             let mut out = Vec::new();
@@ -314,7 +314,11 @@ fn run_group(
         };
         let greedy = match greedy_rows.len() {
             0 | 1 => None,
-            _ => crate::plain::greedy_tokens(&logits)?,
+            n if n == logits.dim(0)? as usize => crate::plain::greedy_tokens(&logits)?,
+            n => {
+                let at: Vec<u32> = greedy_rows.iter().map(|&(_, row)| row as u32).collect();
+                crate::plain::greedy_tokens(&logits.take(&Array::from_slice(&at, &[n as i32])?, 0)?)?
+            }
         };
         if greedy.is_some() {
             target.check_first_logits(&logits)?;
@@ -348,8 +352,9 @@ fn run_group(
         mlx_core::eval(&all)?;
         if let Some(g) = &greedy {
             let tokens = g.to_vec::<u32>()?;
-            for &(i, row) in &greedy_rows {
-                let token = tokens.get(row).copied().ok_or_else(|| Error::Batch("a greedy row is missing".into()))?;
+            // One token per greedy row, in order (all rows, when every row is a greedy one).
+            for (j, &(i, _)) in greedy_rows.iter().enumerate() {
+                let token = tokens.get(j).copied().ok_or_else(|| Error::Batch("a greedy row is missing".into()))?;
                 members[i].session.drawn_greedy(token);
             }
         }

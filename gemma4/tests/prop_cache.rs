@@ -748,3 +748,42 @@ proptest! {
         }
     }
 }
+
+/// A planned write rewrites the buffers of a cache that holds them alone in place (a full
+/// cache's rows go at its offset; the buffer's address stays), and copies them when anything
+/// else holds them (a clone of the cache), leaving that holder's rows as they were.
+#[test]
+fn planned_writes_rewrite_buffers_held_alone_in_place() {
+    let mut cache = LayerCache::Full(KvCache::new());
+    let mut stamps = Stamps(0);
+    let (k, v) = rows(&stamps.toks(0, 3));
+    cache.update_and_fetch(&k, &v).unwrap();
+    mlx_core::eval(&cache.state()).unwrap();
+    let q = Array::from_slice(&[0.01f32, -0.02], &[1, 1, 1, 2]).unwrap();
+    for (round, hold) in [false, false, true, false].into_iter().enumerate() {
+        let len = cache.offset();
+        let (k, v) = rows(&stamps.toks(len, 1));
+        let held = hold.then(|| cache.clone());
+        let plan = cache.begin_stepwise(&k, &v, 1).unwrap().unwrap();
+        let before = [plan.write.keys.buffer_address(), plan.write.values.buffer_address()];
+        assert!(before.iter().all(Option::is_some), "round {round}: the buffers are evaluated");
+        let (o, buffers) =
+            mlx_core::row_cache::attend_and_write(&q, &k, &v, vec![plan.write], &plan.reads, 1.0).unwrap();
+        mlx_core::eval(&[&o, &buffers[0].0, &buffers[0].1]).unwrap();
+        let after = [buffers[0].0.buffer_address(), buffers[0].1.buffer_address()];
+        if hold {
+            assert!(
+                before != after && after.iter().all(Option::is_some),
+                "round {round}: a held buffer must be copied"
+            );
+            let (hk, hv) = held.as_ref().unwrap().retained().unwrap().unwrap();
+            assert_eq!(decode(&hk, &hv).unwrap().len(), len, "round {round}: the holder's rows stay");
+        } else {
+            assert_eq!(before, after, "round {round}: a buffer held alone is rewritten in place");
+        }
+        let (kb, vb) = buffers.into_iter().next().unwrap();
+        cache.finish_stepwise(kb, vb);
+        drop(held);
+        assert_eq!(cache.offset(), len + 1);
+    }
+}

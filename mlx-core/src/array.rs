@@ -125,6 +125,12 @@ impl Array {
         ffi::nbytes(self.raw()).unwrap_or(0)
     }
 
+    /// Where an evaluated array's data starts in memory (None before evaluation): tells whether
+    /// two arrays share a buffer, e.g. that a cache write rewrote its buffer in place.
+    pub fn buffer_address(&self) -> Option<usize> {
+        ffi::buffer_address(self.raw()).ok().filter(|&a| a != 0)
+    }
+
     /// Evaluates the graph that produces this array.
     #[track_caller]
     pub fn eval(&self) -> Result<()> {

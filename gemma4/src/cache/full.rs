@@ -28,6 +28,7 @@ impl KvCache {
 
     /// Writes k, v `[B, H, S, D]` at `offset` and returns `[:offset]` (or the whole buffer when full).
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
+        super::check_intact(self.offset, self.keys.is_some())?;
         super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         let prev = self.offset as i32;
         let s = k.dim(2)?;

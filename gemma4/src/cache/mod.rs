@@ -73,6 +73,21 @@ pub fn join_pieces(mut pieces: KvPieces) -> mlx_core::Result<(Array, Array)> {
     Ok((concatenate(&ks, 2)?, concatenate(&vs, 2)?))
 }
 
+/// Refuses a write to a cache that holds tokens but no buffers: a stepwise forward that failed
+/// between planning a write and building its node ([`LayerCache::begin_stepwise`]) leaves one so,
+/// and writing on would attend over fresh zero rows.
+fn check_intact(offset: usize, has_buffers: bool) -> mlx_core::Result<()> {
+    if offset > 0 && !has_buffers {
+        return Err(mlx_core::Error::Host {
+            op: "cache write",
+            detail: format!(
+                "the cache holds {offset} tokens but lost its buffers in a failed forward; start the request again"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// `a`'s values in a new buffer (`a · 1` keeps every value's bits, ±0 and NaN included).
 fn own_buffer(a: &Array) -> mlx_core::Result<Array> {
     a.mul_scalar(1.0)

@@ -80,6 +80,7 @@ impl RotatingKvCache {
 
     /// Writes k, v `[B, H, S, D]`; S == 1 takes the in-place path, S > 1 the concat path.
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> mlx_core::Result<(Array, Array)> {
+        super::check_intact(self.offset, self.keys.is_some())?;
         super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         if k.dim(2)? == 1 {
             self.update_in_place(k, v)
@@ -199,6 +200,7 @@ impl RotatingKvCache {
     /// [`Self::update_and_fetch_stepwise`] with each row's K/V as views of the buffer: one piece,
     /// or two where the ring has wrapped (attended as their concatenation), so nothing is copied.
     pub fn update_and_fetch_stepwise_pieces(&mut self, k: &Array, v: &Array) -> mlx_core::Result<Vec<KvPieces>> {
+        super::check_intact(self.offset, self.keys.is_some())?;
         super::check_rows(k, v, self.keys.as_ref().zip(self.values.as_ref()))?;
         let prev = self.offset;
         let phase = *self.phase.get_or_insert(prev.max(self.max_size as usize));

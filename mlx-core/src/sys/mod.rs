@@ -97,6 +97,7 @@ pub(crate) mod ffi {
         fn dtype(a: &Array) -> Result<DtypeCode>;
         fn nbytes(a: &Array) -> Result<usize>;
         fn sole_holder(a: &Array) -> bool;
+        fn buffer_address(a: &Array) -> Result<usize>;
         fn mlx_version() -> Result<String>;
         fn blas_core() -> String;
 

@@ -236,12 +236,13 @@ struct SessionPlan {
   int rows = 0, len = 0;
   bool in_place = false;  // the caller holds the buffers alone: they may be rewritten in place
   std::vector<RowCopy> copies;
-  // The new buffer can be the old one rewritten: same length, at most one copy from the old rows
-  // moving them down (memmove), the rest from the new rows.
+  // The new buffer can be the old one rewritten: same length, one copy from the old rows first,
+  // moving them down (memmove, so it reads rows before anything overwrites them), the rest from
+  // the new rows.
   bool shiftable() const {
-    int old = 0;
-    for (const auto& c : copies) {
-      if (c.src == 0 && (++old > 1 || c.dst > c.start)) return false;
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const auto& c = copies[i];
+      if (c.src == 0 && (i > 0 || c.dst > c.start)) return false;
     }
     return true;
   }
@@ -269,13 +270,20 @@ CachePlan parse_plan(rust::Slice<const int32_t> flat) {
     sp.in_place = next() != 0;
     const int n = next();
     if (sp.rows < 1 || sp.len < 1 || n < 0) throw std::invalid_argument("row_cache_attention: bad session header");
+    std::vector<bool> covered(static_cast<size_t>(sp.len), false);
     for (int c = 0; c < n; ++c) {
       RowCopy rc{next(), next(), next(), next()};
-      if (rc.dst < 0 || rc.count < 0 || rc.start < 0 || rc.dst + rc.count > sp.len || (rc.src != 0 && rc.src != 1) ||
-          (rc.src == 1 && rc.start + rc.count > sp.rows)) {
+      const int64_t end = int64_t(rc.dst) + rc.count, from_end = int64_t(rc.start) + rc.count;
+      if (rc.dst < 0 || rc.count < 0 || rc.start < 0 || end > sp.len || (rc.src != 0 && rc.src != 1) ||
+          (rc.src == 1 && from_end > sp.rows)) {
         throw std::invalid_argument("row_cache_attention: a copy falls outside its buffer or rows");
       }
+      std::fill(covered.begin() + rc.dst, covered.begin() + end, true);
       sp.copies.push_back(rc);
+    }
+    // Every row of a rebuilt buffer is written (a read-only plan has no buffer to rebuild).
+    if (n > 0 && std::find(covered.begin(), covered.end(), false) != covered.end()) {
+      throw std::invalid_argument("row_cache_attention: the copies leave rows of a new buffer unwritten");
     }
     total += sp.rows;
     p.sessions.push_back(std::move(sp));
@@ -498,8 +506,11 @@ std::unique_ptr<ArrayList> row_cache_attention(const ArrayList& inputs, rust::Sl
       fail("session " + std::to_string(s) + "'s buffers must both be [1, Hkv, L, D]");
     }
     if (!writes && !sp.copies.empty()) fail("a read-only plan has no copies");
+    if (writes && sp.copies.empty()) fail("session " + std::to_string(s) + "'s plan rebuilds nothing");
     for (const auto& c : sp.copies) {
-      if (c.src == 0 && c.start + c.count > kb.shape(2)) fail("a copy reads past session " + std::to_string(s) + "'s buffer");
+      if (c.src == 0 && int64_t(c.start) + c.count > kb.shape(2)) {
+        fail("a copy reads past session " + std::to_string(s) + "'s buffer");
+      }
     }
   }
   int i = 0;

@@ -65,20 +65,31 @@ class RowSplit {
     job_.store(&job);  // seq_cst with `sleeping_` below: the helper sees the job or we see it asleep
     if (sleeping_.load()) {
       std::lock_guard<std::mutex> lk(m_);
+      ++wakes_;
       wake_.notify_one();
     }
-    mine();
-    // Withdraw the offer if the helper has not taken it (it may be descheduled or asleep: a
-    // fixed half handed to it would keep this thread waiting); otherwise wait for its run.
-    std::function<void()>* offered = &job;
-    if (!job_.compare_exchange_strong(offered, nullptr)) {
-      while (job_.load(std::memory_order_acquire) != nullptr) spin_relax();
+    try {
+      mine();
+    } catch (...) {
+      settle(&job);
+      throw;
     }
+    settle(&job);
     return true;
   }
 
  private:
   RowSplit() : thread_([this] { loop(); }) { thread_.detach(); }
+
+  // Once the caller's part is done: withdraws the offer if the helper has not taken it (it may
+  // be descheduled or asleep: a fixed half handed to it would keep the caller waiting);
+  // otherwise waits for its run.
+  void settle(std::function<void()>* job) {
+    std::function<void()>* offered = job;
+    if (!job_.compare_exchange_strong(offered, nullptr)) {
+      while (job_.load(std::memory_order_acquire) != nullptr) spin_relax();
+    }
+  }
 
   // What `job_` holds while the helper runs a job it took.
   static std::function<void()>* taken() {
@@ -86,9 +97,9 @@ class RowSplit {
     return &marker;
   }
 
-  // A job offered and not yet taken.
+  // A job offered and not yet taken (seq_cst: pairs with the caller's store then `sleeping_` load).
   bool offered() const {
-    auto* j = job_.load(std::memory_order_acquire);
+    auto* j = job_.load();
     return j != nullptr && j != taken();
   }
 
@@ -106,7 +117,10 @@ class RowSplit {
         if (n % 16 == 0 && std::chrono::steady_clock::now() - idle_since > SPIN_WINDOW) {
           std::unique_lock<std::mutex> lk(m_);
           sleeping_.store(true);
-          wake_.wait(lk, [this] { return offered(); });
+          // Any wake-up restarts the spin window, even if the caller has since withdrawn its
+          // offer: the products that follow it find the helper spinning.
+          const unsigned seen = wakes_;
+          wake_.wait(lk, [&] { return wakes_ != seen || offered(); });
           sleeping_.store(false);
           idle_since = std::chrono::steady_clock::now();
         }
@@ -120,6 +134,7 @@ class RowSplit {
   std::condition_variable wake_;
   std::atomic<std::function<void()>*> job_{nullptr};
   std::atomic<bool> sleeping_{false};
+  unsigned wakes_ = 0;  // wake-ups sent (guarded by m_)
   std::thread thread_;
 };
 

@@ -110,6 +110,11 @@ size_t nbytes(const Array& a) { return a.inner.nbytes(); }
 
 bool sole_holder(const Array& a) { return a.inner.is_available() && a.inner.is_donatable(); }
 
+size_t buffer_address(const Array& a) {
+  if (!a.inner.is_available()) return 0;
+  return reinterpret_cast<size_t>(a.inner.data<void>());
+}
+
 rust::String mlx_version() { return rust::String(mx::version()); }
 
 rust::String blas_core() {

@@ -40,6 +40,8 @@ DtypeCode dtype(const Array& a);
 size_t nbytes(const Array& a);
 // Whether `a` is evaluated and nothing but this handle holds it or its buffer.
 bool sole_holder(const Array& a);
+// The address of an evaluated array's data (0 before evaluation).
+size_t buffer_address(const Array& a);
 rust::String mlx_version();
 rust::String blas_core();
 
