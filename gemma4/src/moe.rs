@@ -77,7 +77,6 @@ impl SwitchLinear {
                 gather_mm(x, &w.astype(mlx_core::Dtype::F32)?.swapaxes(-1, -2)?, idx, sorted)?
             }
             LinearWeights::Quantized(q) => gather_qmm(x, q, idx, true, sorted)?,
-            LinearWeights::Packed(q) => gather_qmm(x, &q.with_f32_tables()?, idx, true, sorted)?,
         })
     }
 }

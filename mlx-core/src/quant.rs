@@ -98,51 +98,11 @@ impl Quantized {
         quantized_matmul(x, &self.weight, &self.scales, &self.biases, true, self.spec)
     }
 
-    /// The same matrix with f32 scales and biases: as held, or widened from bf16 (exactly). A
-    /// matrix kept for the row kernels may hold bf16 tables ([`Self::packed_readable`]); what
-    /// MLX computes from it takes f32 tables, as if the matrix held them.
-    pub fn with_f32_tables(&self) -> Result<Quantized> {
-        let f32 = |t: &Array| match t.dtype() {
-            crate::dtype::Dtype::Bf16 => t.astype(crate::dtype::Dtype::F32),
-            _ => Ok(t.clone()),
-        };
-        Ok(Quantized {
-            weight: self.weight.clone(),
-            scales: f32(&self.scales)?,
-            biases: f32(&self.biases)?,
-            spec: self.spec,
-        })
-    }
-
-    /// `x @ Wᵀ` for a matrix kept packed for the row kernels of an f32 model (tables f32 or
-    /// bf16, [`Self::packed_readable`]): what [`Self::matmul_t`] does with the tables in f32 —
-    /// the row kernel for few f32 rows, the f32 BLAS on the dequantized matrix for more, MLX's
-    /// quantized matmul where the row kernels are off — with the same bits.
-    #[track_caller]
-    pub fn matmul_t_packed(&self, x: &Array) -> Result<Array> {
-        if crate::blas::row_kernels_for(x)? {
-            let inp = x.shape()?.last().copied().unwrap_or(0).max(1) as usize;
-            let rows = x.size()? / inp;
-            if rows > 0 && rows <= crate::blas::ROW_LINEAR_MAX_ROWS {
-                return row_quantized_linear(x, self);
-            }
-        }
-        self.with_f32_tables()?.matmul_t(x)
-    }
-
-    /// Whether [`Self::matmul_t`] sends this matrix's few-row products to
-    /// [`row_quantized_linear`]: 8 or 4 bits, f32 scales and biases.
+    /// Whether [`row_quantized_linear`] can read this matrix: 8 or 4 bits, f32 scales and biases.
     pub fn row_readable(&self) -> bool {
-        self.packed_readable() && self.scales.dtype() == crate::dtype::Dtype::F32
-    }
-
-    /// Whether [`row_quantized_linear`] can read this matrix: 8 or 4 bits, f32 or bf16 scales
-    /// and biases (bf16 tables as stored halve what a product streams for them).
-    pub fn packed_readable(&self) -> bool {
-        let table = |t: &Array| matches!(t.dtype(), crate::dtype::Dtype::F32 | crate::dtype::Dtype::Bf16);
         matches!(self.spec.bits(), 4 | 8)
-            && table(&self.scales)
-            && self.biases.dtype() == self.scales.dtype()
+            && self.scales.dtype() == crate::dtype::Dtype::F32
+            && self.biases.dtype() == crate::dtype::Dtype::F32
             && self.weight.ndim().is_ok_and(|n| n == 2)
     }
 
@@ -156,8 +116,8 @@ impl Quantized {
     }
 }
 
-/// `x @ Wᵀ` for f32 `x` `[.., K]` and an 8- or 4-bit `q` `[N, K]` with f32 or bf16 scales and
-/// biases (bf16 read as f32, exactly), on the CPU -> `[.., N]`: the packed weights are dequantized in registers (`fma(q, scale,
+/// `x @ Wᵀ` for f32 `x` `[.., K]` and an 8- or 4-bit `q` `[N, K]` with f32 scales and biases,
+/// on the CPU -> `[.., N]`: the packed weights are dequantized in registers (`fma(q, scale,
 /// bias)` in f32) and multiplied with [`crate::blas::row_linear`]'s arithmetic, so each row's
 /// bits are those of `row_linear` on the matrix dequantized with the same fma, independent of
 /// the number of rows and of the row's place. Streams the packed bytes once per call.

@@ -40,11 +40,6 @@ pub enum LinearWeights {
     Bf16AsF32(Array),
     /// Packed MLX-affine weight with its scales and biases.
     Quantized(Quantized),
-    /// An 8- or 4-bit matrix of a model computing in f32 on the CPU, kept packed for the row
-    /// kernels with its scales and biases as stored when bf16 (the kernels widen them exactly;
-    /// half the bytes of f32 tables), f32 otherwise. Everything else computes with f32 tables, so
-    /// the bits are those of the matrix with f32 tables.
-    Packed(Quantized),
 }
 
 impl LinearWeights {
@@ -61,7 +56,6 @@ impl LinearWeights {
             LinearWeights::Dense(w) => x.matmul(&w.transpose(&[1, 0])?)?,
             LinearWeights::Bf16AsF32(w) => mlx_core::blas::matmul_t(x, w)?,
             LinearWeights::Quantized(q) => q.matmul_t(x)?,
-            LinearWeights::Packed(q) => q.matmul_t_packed(x)?,
         })
     }
 
@@ -80,7 +74,6 @@ impl LinearWeights {
         use mlx_core::row_layer::RowWeight;
         match self {
             LinearWeights::Quantized(q) if q.row_readable() => Some(RowWeight::Packed(q)),
-            LinearWeights::Packed(q) => Some(RowWeight::Packed(q)),
             _ => self.row_matrix().map(RowWeight::Dense),
         }
     }
@@ -93,12 +86,6 @@ impl LinearWeights {
             LinearWeights::Quantized(q) => {
                 let mut shape = ids.shape()?;
                 let rows = q.gather_rows(&ids.reshape(&[-1])?)?;
-                shape.push(-1);
-                rows.reshape(&shape)?
-            }
-            LinearWeights::Packed(q) => {
-                let mut shape = ids.shape()?;
-                let rows = q.with_f32_tables()?.gather_rows(&ids.reshape(&[-1])?)?;
                 shape.push(-1);
                 rows.reshape(&shape)?
             }
@@ -165,8 +152,7 @@ impl WeightMap {
     }
 
     /// With a conversion that dequantizes to f32: hand out 8- and 4-bit matrices (not stacked
-    /// experts) packed ([`LinearWeights::Packed`]: bf16 scales and biases as stored, others in
-    /// f32), for the CPU's packed row kernel
+    /// experts) packed, their scales and biases in f32, for the CPU's packed row kernel
     /// (`mlx_core::quant::row_quantized_linear`), instead of dequantizing them; other widths
     /// are dequantized as before.
     pub fn keep_packed_matrices(&mut self, keep: bool) {
@@ -241,14 +227,6 @@ impl WeightMap {
         }
     }
 
-    /// [`WeightMap::get_float`] without the conversion's cast (the tensor as stored).
-    fn get_float_stored(&mut self, name: &str) -> Result<Array> {
-        let keep = std::mem::replace(&mut self.conversion, Conversion::NONE);
-        let a = self.get_float(name);
-        self.conversion = keep;
-        a
-    }
-
     /// Takes a float tensor (see [`WeightMap::get_float`]) and checks its shape.
     pub fn get_shaped(&mut self, name: &str, expected: &[i32]) -> Result<Array> {
         let a = self.get_float(name)?;
@@ -311,9 +289,8 @@ impl WeightMap {
             }
         }
         let weight = self.get(&wname)?;
-        // As stored: cast below unless the packed row kernels read them so.
-        let scales = self.get_float_stored(&sname)?;
-        let biases = self.get_float_stored(&bname)?;
+        let scales = self.get_float(&sname)?;
+        let biases = self.get_float(&bname)?;
         let qerr = |detail: String| Error::Quantization { dir: self.location(&wname), name: wname.clone(), detail };
         if weight.dtype() != Dtype::U32 {
             return Err(qerr(format!("packed weight has dtype {}, expected uint32", weight.dtype())));
@@ -349,24 +326,11 @@ impl WeightMap {
                 spec.group_size()
             )));
         }
+        let q = Quantized { weight, scales, biases, spec };
         let to_f32 = self.conversion.cast == Some(Dtype::F32);
-        if self.packed_matrices && to_f32 && experts.is_none() {
-            // bf16 tables stay bf16 for the row kernels; any other float dtype becomes f32.
-            let table = |t: &Array| match t.dtype() {
-                Dtype::Bf16 | Dtype::F32 => Ok(t.clone()),
-                _ => t.astype(Dtype::F32),
-            };
-            let packed = Quantized { weight: weight.clone(), scales: table(&scales)?, biases: table(&biases)?, spec };
-            if packed.packed_readable() {
-                return Ok(LinearWeights::Packed(packed));
-            }
+        if self.packed_matrices && to_f32 && experts.is_none() && q.row_readable() {
+            return Ok(LinearWeights::Quantized(q));
         }
-        // Otherwise the tables in the conversion's dtype, as every float tensor.
-        let cast = |t: Array| match self.conversion.cast {
-            Some(d) if d != t.dtype() => t.astype(d),
-            _ => Ok(t),
-        };
-        let q = Quantized { weight, scales: cast(scales)?, biases: cast(biases)?, spec };
         if self.conversion.dequantize {
             // Evaluated now so the packed tensors can be freed as loading goes on.
             let dense = q.dequantize()?;

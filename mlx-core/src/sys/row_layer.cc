@@ -395,7 +395,7 @@ class RowRmsNorm : public CpuOnlyUnary {
 };
 
 // Inputs as the kernels take them: f32, bf16 allowed for the weight `matrices`, uint32 for a
-// packed one (whose f32 or bf16 scales and biases follow the `fixed` inputs), int32 at `int_input`.
+// packed one (whose f32 scales and biases follow the `fixed` inputs), int32 at `int_input`.
 std::vector<mx::array> prepared(const ArrayList& l, size_t fixed, const char* kernel, mx::Stream s,
                                 size_t int_input = SIZE_MAX, const std::vector<size_t>& matrices = {},
                                 const Packing& packing = {}) {
@@ -420,10 +420,10 @@ std::vector<mx::array> prepared(const ArrayList& l, size_t fixed, const char* ke
     const bool is_packed = matrix && packing[at - matrices.begin()].first != 0;
     const bool ok = i == int_input ? a.dtype() == mx::int32
                     : is_packed    ? a.dtype() == mx::uint32
-                                   : a.dtype() == mx::float32 || ((matrix || i >= fixed) && a.dtype() == mx::bfloat16);
+                                   : a.dtype() == mx::float32 || (matrix && a.dtype() == mx::bfloat16);
     if (!ok) {
       throw std::invalid_argument(std::string(kernel) + ": input " + std::to_string(i) + " is not " +
-                                  (i == int_input ? "int32" : is_packed ? "uint32 (packed)" : matrix || i >= fixed ? "float32 or bfloat16" : "float32"));
+                                  (i == int_input ? "int32" : is_packed ? "uint32 (packed)" : matrix ? "float32 or bfloat16" : "float32"));
     }
     // Activations stay as they are (RowMajor reads any strides); weight matrices, their scales
     // and biases and positions are read in place, so they must be row-contiguous (evaluated

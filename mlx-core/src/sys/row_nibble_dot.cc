@@ -108,8 +108,8 @@ void block_generic(const QuantizedRows& xq, const Packed& p, float* y, int M, in
   const int G = p.groups();
   for (int n = n0; n < n1; ++n) {
     const uint8_t* r = p.row(n);
-    const GroupTable s = p.scales + static_cast<size_t>(n) * G;
-    const GroupTable b = p.biases + static_cast<size_t>(n) * G;
+    const float* s = p.scales + static_cast<size_t>(n) * G;
+    const float* b = p.biases + static_cast<size_t>(n) * G;
     for (int m = 0; m < M; ++m) {
       const int8_t* q = xq.q_row(m);
       const float* sx = xq.scale_row(m);
@@ -144,8 +144,8 @@ __attribute__((target("avx2,fma"))) void block_avx2(const QuantizedRows& xq, con
   const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   for (int n = n0; n < n1; ++n) {
     const uint8_t* r = p.row(n);
-    const GroupTable s = p.scales + static_cast<size_t>(n) * G;
-    const GroupTable b = p.biases + static_cast<size_t>(n) * G;
+    const float* s = p.scales + static_cast<size_t>(n) * G;
+    const float* b = p.biases + static_cast<size_t>(n) * G;
     for (int m = 0; m < M; ++m) {
       const int8_t* q = xq.q_row(m);
       const float* sx = xq.scale_row(m);
@@ -187,11 +187,9 @@ inline bool has_vnni() {
 
 // A chunk's per-lane values of a [N, G] table for row n: its 128 / group entries spread over
 // the lanes of their groups.
-__attribute__((target(MLXR_VNNI))) inline __m512 lane_values(const GroupTable& t, int c, int group, __m512i spread) {
+__attribute__((target(MLXR_VNNI))) inline __m512 lane_values(const float* t, int c, int group, __m512i spread) {
   const int per = kChunk / group;
-  alignas(64) float v[16] = {};
-  for (int i = 0; i < per; ++i) v[i] = t[static_cast<size_t>(c) * per + i];
-  return _mm512_permutexvar_ps(spread, _mm512_load_ps(v));
+  return _mm512_permutexvar_ps(spread, _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << per) - 1), t + c * per));
 }
 
 // Two weight rows (n, n + 1) against MT input rows: each chunk's nibbles are split once and

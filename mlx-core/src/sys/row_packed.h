@@ -5,42 +5,17 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 namespace mlxr {
-
-// A packed matrix's scales or biases [N, K / group], as f32 or as the bf16 checkpoints store
-// them. Read as f32: widening a bf16 is exact (its bits become an f32's upper half), so a
-// kernel's arithmetic and bits do not depend on which the table holds, while bf16 tables halve
-// what the kernel streams for them (a fifth of a 4-bit matrix's bytes in f32 at group 64).
-struct GroupTable {
-  const void* data = nullptr;
-  bool bf16 = false;
-  GroupTable() = default;
-  GroupTable(const float* f) : data(f) {}  // NOLINT: f32 tables convert implicitly
-  GroupTable(const void* d, bool is_bf16) : data(d), bf16(is_bf16) {}
-  float operator[](size_t i) const {
-    if (!bf16) return static_cast<const float*>(data)[i];
-    const uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(data)[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  }
-  // The table from entry `off` on.
-  GroupTable operator+(size_t off) const {
-    if (bf16) return GroupTable(static_cast<const uint16_t*>(data) + off, true);
-    return GroupTable(static_cast<const float*>(data) + off);
-  }
-};
 
 // N rows of K·bits/8 bytes, scales and biases [N, K / group]. Packing (MLX affine): groups of
 // `group` consecutive inputs share a scale and a bias; 8-bit weights are one byte each in input
 // order, 4-bit ones two per byte, the earlier input in the low nibble.
 struct Packed {
   const uint8_t* bytes;
-  GroupTable scales;
-  GroupTable biases;
+  const float* scales;
+  const float* biases;
   int K;
   int group;
   int bits;

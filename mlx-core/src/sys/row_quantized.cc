@@ -32,14 +32,6 @@ namespace mx = mlx::core;
 namespace mlxr {
 namespace {
 
-// Scales and biases the kernels read (row_packed.h's GroupTable).
-bool group_table_dtype(mx::Dtype d) { return d == mx::float32 || d == mx::bfloat16; }
-
-GroupTable group_table(const mx::array& a) {
-  if (a.dtype() == mx::bfloat16) return GroupTable(a.data<mx::bfloat16_t>(), true);
-  return GroupTable(a.data<float>());
-}
-
 // Quantized value j (0..7) of the eight at input k (a multiple of 8) of a packed row.
 inline int qval(const uint8_t* r, int bits, int k, int j) {
   if (bits == 8) return r[k + j];
@@ -140,7 +132,7 @@ __attribute__((target("avx512f,avx512dq,avx2,fma"))) inline __m512 both(__m256 l
 }
 
 // Group g's value of `t` [N, G] for rows n and n + 1, each over its eight lanes.
-__attribute__((target("avx512f,avx512dq,avx2,fma"))) inline __m512 group_pair(const GroupTable& t, int n, int G, int g) {
+__attribute__((target("avx512f,avx512dq,avx2,fma"))) inline __m512 group_pair(const float* t, int n, int G, int g) {
   return both(_mm256_set1_ps(t[static_cast<size_t>(n) * G + g]), _mm256_set1_ps(t[static_cast<size_t>(n + 1) * G + g]));
 }
 
@@ -264,7 +256,7 @@ class RowQuantizedLinear : public CpuOnlyUnary {
         [w = held[0], s = held[1], b = held[2], x = held[3], out = mx::array::unsafe_weak_copy(out), M, K, N,
          group = group_, bits = bits_]() mutable {
           RowMajor in;
-          const Packed p{w.data<uint8_t>(), group_table(s), group_table(b), K, group, bits};
+          const Packed p{w.data<uint8_t>(), s.data<float>(), b.data<float>(), K, group, bits};
           row_quantized_kernel(in(x), p, out.data<float>(), M, N);
         });
   }
@@ -294,8 +286,8 @@ ArrayPtr row_quantized_linear(const Array& x, const Array& w, const Array& scale
   }
   const int N = wi.shape(0);
   for (const auto* t : {&scales.inner, &biases.inner}) {
-    if (t->ndim() != 2 || !group_table_dtype(t->dtype()) || t->shape(0) != N || t->shape(1) * group != K) {
-      throw std::invalid_argument("row_quantized_linear: scales and biases must be float32 or bfloat16 [N, K / group]");
+    if (t->ndim() != 2 || t->dtype() != mx::float32 || t->shape(0) != N || t->shape(1) * group != K) {
+      throw std::invalid_argument("row_quantized_linear: scales and biases must be float32 [N, K / group]");
     }
   }
   auto s = mx::default_stream(mx::Device(mx::Device::cpu));
@@ -315,8 +307,8 @@ int row_matrix_cols(const RowMatrix& m, const std::string& kernel) {
   if (m.bits == 0) return m.w.shape(1);
   const int K = static_cast<int>(static_cast<int64_t>(m.w.shape(1)) * 32 / m.bits);
   for (const auto* t : {&*m.scales, &*m.biases}) {
-    if (t->ndim() != 2 || !group_table_dtype(t->dtype()) || t->shape(0) != m.w.shape(0) || t->shape(1) * m.group != K) {
-      throw std::invalid_argument(kernel + ": a packed matrix's scales and biases must be float32 or bfloat16 [N, K / group]");
+    if (t->ndim() != 2 || t->shape(0) != m.w.shape(0) || t->shape(1) * m.group != K) {
+      throw std::invalid_argument(kernel + ": a packed matrix's scales and biases must be [N, K / group]");
     }
   }
   return K;
@@ -324,7 +316,7 @@ int row_matrix_cols(const RowMatrix& m, const std::string& kernel) {
 
 void row_matrix_apply(const float* x, const RowMatrix& m, float* y, int M, int K, int N) {
   if (m.bits == 0) return row_linear_array(x, m.w, y, M, K, N);
-  const Packed p{m.w.data<uint8_t>(), group_table(*m.scales), group_table(*m.biases), K, m.group, m.bits};
+  const Packed p{m.w.data<uint8_t>(), m.scales->data<float>(), m.biases->data<float>(), K, m.group, m.bits};
   row_quantized_kernel(x, p, y, M, N);
 }
 

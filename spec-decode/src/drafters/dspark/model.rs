@@ -317,7 +317,7 @@ impl DSparkDrafter {
                 // Gather tables keep their stored orientation; matmul weights are stored transposed.
                 let (out, inp) = if name == "markov.w1" { (want[0], want[1]) } else { (want[1], want[0]) };
                 match wm.linear(&name, out as usize, inp as usize)? {
-                    LinearWeights::Quantized(q) | LinearWeights::Packed(q) => {
+                    LinearWeights::Quantized(q) => {
                         quantized.insert(name, q);
                     }
                     LinearWeights::Dense(a) | LinearWeights::Bf16AsF32(a) => {
